@@ -1,0 +1,144 @@
+"""Serving strategies as a discriminated union on `kind`, each with its own parameters."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sim.specs import LoraModule
+
+SHARED_KV_KINDS = ("contextual_mol", "mol2")
+"""Strategies that keep one shared KV copy and therefore restrict where LoRA may sit."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class AdapterConfig(_Frozen):
+    """One domain adapter."""
+
+    name: str = Field(min_length=1)
+    """Adapter name (the domain it serves)."""
+    rank: int = Field(default=16, ge=1, le=1024)
+    """LoRA rank r (or DiReFT edit rank)."""
+    target_modules: tuple[LoraModule, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    """Linear modules that carry the adapter (PEFT names)."""
+    layers: tuple[int, ...] | None = None
+    """Layers that carry the adapter; None: every layer, or on a shared-KV strategy every layer the
+    placement rule allows (layer-20 FFN and layers 21-39 on the CED model)."""
+
+
+class _StrategyBase(_Frozen):
+    name: str | None = Field(default=None, min_length=1)
+    """Label of this strategy in reports; None uses `kind`."""
+    model: str | None = None
+    """Catalogue model for this strategy (CED strategies need a CED model); None: the scenario's."""
+
+    @property
+    def label(self) -> str:
+        """Name shown in reports."""
+        return self.name or self.kind  # type: ignore[attr-defined]
+
+
+class _AdapterStrategy(_StrategyBase):
+    adapters: tuple[AdapterConfig, ...] = Field(min_length=1)
+    """The domain adapters served."""
+
+    @model_validator(mode="after")
+    def _unique_adapter_names(self):
+        names = [a.name for a in self.adapters]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"adapters: duplicate names {dupes}; each adapter needs its own name")
+        return self
+
+
+class _SharedKvStrategy(_AdapterStrategy):
+    replay_window_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    """Bounded replay length on a switch; None uses the model's sliding window."""
+    allow_kv_breaking_placement: bool = False
+    """Allow LoRA on the encoder or layer-20 attention (experiments only: breaks KV sharing)."""
+
+
+class BaseStrategy(_StrategyBase):
+    """The base model alone: no adapters, no routing."""
+
+    kind: Literal["base"] = "base"
+    """Strategy discriminator."""
+
+
+class MultiLoraStrategy(_AdapterStrategy):
+    """All-token LoRA on every request; the client names the adapter (S-LoRA, Punica, vLLM)."""
+
+    kind: Literal["multi_lora"] = "multi_lora"
+    """Strategy discriminator."""
+
+
+class PreftStrategy(_AdapterStrategy):
+    """Prefill-only adapters: prompt tokens adapted, decode on base weights."""
+
+    kind: Literal["preft"] = "preft"
+    """Strategy discriminator."""
+    variant: Literal["lora_p", "direft_p"] = "lora_p"
+    """lora_p: LoRA masked to prompt positions; direft_p: low-rank residual-stream edit."""
+
+
+class MolStrategy(_AdapterStrategy):
+    """Mixture-of-LoRA on a decoder-only model: route hop, handoff prefill, summary hop."""
+
+    kind: Literal["mol"] = "mol"
+    """Strategy discriminator."""
+    router_adapter: str | None = None
+    """Adapter L0 that decodes the route label; None uses the first adapter."""
+    num_route_prompt_tokens: int = Field(default=1024, ge=1, le=1_000_000)
+    """Route prompt plus option descriptions prefilled by L0 on each decision."""
+    num_route_decode_tokens: int = Field(default=40, ge=1, le=100_000)
+    """Label plus short reason decoded by L0 on each decision."""
+    max_summary_tokens: int = Field(default=192, ge=0, le=100_000)
+    """Summary hop length when the answering adapter is not L0."""
+    measured_decision_time_s: float | None = Field(default=None, gt=0, le=3600)
+    """Measured decision time; None derives it from the cost model."""
+
+
+class ContextualMolStrategy(_SharedKvStrategy):
+    """MoL on a CED model routed by a q/k head over H19 of the query and of the options."""
+
+    kind: Literal["contextual_mol"] = "contextual_mol"
+    """Strategy discriminator."""
+    num_option_description_tokens: int = Field(default=64, ge=1, le=100_000)
+    """Description tokens per option, encoded after the query in a temporary pass."""
+    measured_decision_time_s: float | None = Field(default=None, gt=0, le=3600)
+    """Measured decision time; None derives it from the cost model."""
+
+
+class Mol2Strategy(_SharedKvStrategy):
+    """MoL on a CED model routed by a pointer head on H19 vs cached option embeddings."""
+
+    kind: Literal["mol2"] = "mol2"
+    """Strategy discriminator."""
+    routing: Literal["in_engine", "outside_engine"] = "in_engine"
+    """in_engine: decision rides the normal prefill; outside_engine: a second prefill exposes H19."""
+    num_head_params: int = Field(default=15_250_000, ge=1, le=10**11)
+    """Pointer-head parameters (15.25M in the reference implementation)."""
+    measured_decision_time_s: float | None = Field(default=None, gt=0, le=3600)
+    """Measured decision time; None derives it from the cost model."""
+
+
+class MultiAgentStrategy(_AdapterStrategy):
+    """One full model copy per domain; history handed over as text and prefilled again."""
+
+    kind: Literal["multi_agent"] = "multi_agent"
+    """Strategy discriminator."""
+    num_handover_tokens: int | None = Field(default=None, ge=1, le=10_000_000)
+    """Text handed to the next agent; None hands over the whole history."""
+
+
+StrategyConfig = Annotated[
+    Union[
+        BaseStrategy, MultiLoraStrategy, PreftStrategy, MolStrategy, ContextualMolStrategy,
+        Mol2Strategy, MultiAgentStrategy,
+    ],
+    Field(discriminator="kind"),
+]

@@ -1,0 +1,285 @@
+"""Pure cost model of one engine step: roofline terms scaled by fitted efficiency coefficients.
+
+`predict_step(coeffs, profile, batch) -> StepCost` prices a step holding prefill chunks, decode
+tokens and bounded replays (each item with its own context, adapter and layer range). Each term
+is max(FLOPs / (peak x efficiency), bytes / (bandwidth x efficiency)) per layer; `StepCost` keeps
+the named terms so a report can say where time goes. No I/O, no globals, no randomness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from sim.cost_profile import CostProfile
+from sim.specs import GpuSpec
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class CostCoeffs(BaseModel):
+    """Efficiency coefficients of the roofline terms; `calibrate/` fits them per GPU kind."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gemm_flops_efficiency: float = Field(default=0.6, gt=0, le=1)
+    """Achieved share of peak FLOP/s in weight GEMMs (dense and experts)."""
+    attention_flops_efficiency: float = Field(default=0.4, gt=0, le=1)
+    """Achieved share of peak FLOP/s in attention."""
+    lora_flops_efficiency: float = Field(default=0.25, gt=0, le=1)
+    """Achieved share of peak FLOP/s in LoRA shrink/expand and DiReFT kernels."""
+    memory_bandwidth_efficiency: float = Field(default=0.8, gt=0, le=1)
+    """Achieved share of HBM bandwidth for weight, KV and adapter reads."""
+    lora_launch_overhead_s: float = Field(default=30e-6, ge=0, le=1)
+    """Fixed cost of a step whose batch runs any adapter path (mapping, kernel launches)."""
+    lora_per_adapter_overhead_s: float = Field(default=8e-6, ge=0, le=1)
+    """Extra cost per distinct adapter in the step (gather segments)."""
+    routing_overhead_s: float = Field(default=0.5e-3, ge=0, le=10)
+    """Fixed cost per routing-head decision (pooling, launches, score readback)."""
+    communication_efficiency: float = Field(default=0.7, gt=0, le=1)
+    """Achieved share of NVLink bandwidth in tensor-parallel all-reduces."""
+    communication_latency_s: float = Field(default=10e-6, ge=0, le=1)
+    """Latency of one all-reduce."""
+    step_overhead_s: float = Field(default=2e-3, ge=0, le=10)
+    """Fixed cost of every step (scheduling, sampling, launches)."""
+    per_sequence_overhead_s: float = Field(default=10e-6, ge=0, le=1)
+    """Cost per sequence in the step (input preparation, sampling)."""
+
+
+DEFAULT_COEFFS: dict[str, CostCoeffs] = {
+    "H20": CostCoeffs(gemm_flops_efficiency=0.7, step_overhead_s=2.5e-3),
+    "H100-SXM": CostCoeffs(),
+    "H200": CostCoeffs(),
+    "A100-80GB": CostCoeffs(gemm_flops_efficiency=0.65),
+    "cpu": CostCoeffs(gemm_flops_efficiency=0.5, attention_flops_efficiency=0.3,
+                      memory_bandwidth_efficiency=0.6, step_overhead_s=5e-3),
+}
+"""Assumed defaults per GPU kind until calibration replaces them."""
+
+
+def default_coeffs(gpu: GpuSpec) -> CostCoeffs:
+    """Shipped coefficients for a catalogue GPU (plain defaults for a custom one)."""
+    return DEFAULT_COEFFS.get(gpu.name, CostCoeffs())
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """Items of one step as parallel arrays (one entry per sequence chunk)."""
+
+    num_new_tokens: np.ndarray
+    """int [N]: tokens this item computes in this step (prefill chunk, 1 for decode, W replay)."""
+    num_context_tokens: np.ndarray
+    """int [N]: tokens already in KV before this item's tokens."""
+    adapter_ids: np.ndarray
+    """int [N]: adapter of the item, -1 for none."""
+    is_adapted: np.ndarray
+    """bool [N]: the adapter applies to these tokens (False for decode tokens under PreFT)."""
+    first_layer: np.ndarray
+    """int [N]: first layer the item runs."""
+    last_layer: np.ndarray
+    """int [N]: one past the last layer the item runs."""
+    is_replay: np.ndarray
+    """bool [N]: a bounded replay (priced in the replay term)."""
+    is_last_chunk: np.ndarray
+    """bool [N]: the item samples a token (decode, or the prompt's last chunk): pays the LM head."""
+    num_routing_decisions: int = 0
+    """Routing-head decisions taken in this step."""
+
+
+def create_step_batch(
+    num_new_tokens, num_context_tokens, *, num_layers: int, adapter_ids=None, is_adapted=None,
+    first_layer=None, last_layer=None, is_replay=None, is_last_chunk=None,
+    num_routing_decisions: int = 0,
+) -> StepBatch:
+    """A StepBatch with defaults: no adapter, every layer, no replay, every item samples."""
+    new = np.asarray(num_new_tokens, dtype=np.int64)
+    n = new.shape[0]
+
+    def full(value, default, dtype):
+        return np.full(n, default, dtype) if value is None else np.asarray(value, dtype=dtype)
+
+    ids = full(adapter_ids, -1, np.int64)
+    return StepBatch(
+        num_new_tokens=new,
+        num_context_tokens=np.asarray(num_context_tokens, dtype=np.int64),
+        adapter_ids=ids,
+        is_adapted=full(is_adapted, True, bool) & (ids >= 0),
+        first_layer=full(first_layer, 0, np.int64),
+        last_layer=full(last_layer, num_layers, np.int64),
+        is_replay=full(is_replay, False, bool),
+        is_last_chunk=full(is_last_chunk, True, bool),
+        num_routing_decisions=num_routing_decisions,
+    )
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds of one step by named term; the terms sum to `total_s`."""
+
+    dense_gemm_s: float
+    moe_gemm_s: float
+    attention_s: float
+    lora_s: float
+    direft_s: float
+    replay_s: float
+    routing_s: float
+    communication_s: float
+    overhead_s: float
+
+    @property
+    def total_s(self) -> float:
+        """Step time, seconds."""
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def as_dict(self) -> dict[str, float]:
+        """Terms by name, plus total_s."""
+        terms = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**terms, "total_s": self.total_s}
+
+
+def _roofline(flops, num_bytes, peak_flops, flops_eff, bandwidth, bw_eff):
+    return np.maximum(flops / (peak_flops * flops_eff), num_bytes / (bandwidth * bw_eff))
+
+
+def _tokens_per_layer(p: CostProfile, batch: StepBatch, mask: np.ndarray) -> np.ndarray:
+    """float [L]: tokens each layer computes, counting only items in `mask`."""
+    diff = np.zeros(p.num_layers + 1)
+    np.add.at(diff, batch.first_layer[mask], batch.num_new_tokens[mask])
+    np.add.at(diff, batch.last_layer[mask], -batch.num_new_tokens[mask])
+    return np.cumsum(diff[:-1])
+
+
+def _layers_in_range(prefix: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """Count of flagged layers in [first, last) per item, from a prefix sum of a layer mask."""
+    return prefix[last] - prefix[first]
+
+
+def _gemm_s(c: CostCoeffs, p: CostProfile, tokens: np.ndarray, num_logit_rows: int):
+    """(dense, moe) seconds for `tokens` [L] per layer plus the LM head for `num_logit_rows`."""
+    g = p.gpu
+    active = tokens > 0
+    dense_flops = 2 * tokens * p.dense_params_per_layer / p.tp
+    dense_bytes = active * p.dense_params_per_layer * p.weight_dtype_bytes / p.tp
+    dense = _roofline(dense_flops, dense_bytes, g.bf16_dense_flops, c.gemm_flops_efficiency,
+                      g.hbm_bandwidth_bytes_per_s, c.memory_bandwidth_efficiency).sum()
+    if num_logit_rows:
+        head_flops = 2 * num_logit_rows * p.lm_head_params / p.tp
+        head_bytes = p.lm_head_params * p.weight_dtype_bytes / p.tp
+        dense += float(_roofline(head_flops, head_bytes, g.bf16_dense_flops,
+                                 c.gemm_flops_efficiency, g.hbm_bandwidth_bytes_per_s,
+                                 c.memory_bandwidth_efficiency))
+    if p.num_routed_experts == 0:
+        return float(dense), 0.0
+    k, e = p.num_experts_per_token, p.num_routed_experts
+    # Expected distinct experts hit when tokens pick k of e experts uniformly at random.
+    distinct = e * (1 - (1 - k / e) ** tokens) * p.is_moe_layer
+    moe_flops = 2 * tokens * k * p.expert_params * p.is_moe_layer / p.tp
+    moe_bytes = distinct * p.expert_params * p.weight_dtype_bytes / p.tp
+    moe = _roofline(moe_flops, moe_bytes, g.bf16_dense_flops, c.gemm_flops_efficiency,
+                    g.hbm_bandwidth_bytes_per_s, c.memory_bandwidth_efficiency).sum()
+    return float(dense), float(moe)
+
+
+def _attention_s(c: CostCoeffs, p: CostProfile, batch: StepBatch, mask: np.ndarray) -> float:
+    """Attention seconds of the items in `mask`: per item, per kind of layer it runs."""
+    g = p.gpu
+    n = batch.num_new_tokens[mask].astype(float)
+    ctx = batch.num_context_tokens[mask].astype(float)
+    first, last = batch.first_layer[mask], batch.last_layer[mask]
+    causal = n * (n + 1) / 2
+
+    def timed(prefix, pairs, num_bytes, extra_flops=0.0):
+        flops = pairs * p.attention_flops_per_pair + extra_flops
+        per_layer = _roofline(flops, num_bytes, g.bf16_dense_flops, c.attention_flops_efficiency,
+                              g.hbm_bandwidth_bytes_per_s, c.memory_bandwidth_efficiency)
+        return float((_layers_in_range(prefix, first, last) * per_layer).sum())
+
+    # Full attention over the whole cached context (decoder-only models).
+    total = timed(p.standard_prefix, n * ctx + causal, (ctx + n) * p.kv_layer_bytes_per_gpu)
+    if p.compression_ratio == 1 and p.window_tokens == 0:
+        return total
+    records = (ctx + n) / p.compression_ratio
+    # CED encoder: full attention through the compressed global KV plus the chunk itself.
+    total += timed(p.encoder_prefix, n * (ctx / p.compression_ratio) + causal,
+                   records * p.global_record_bytes + n * p.kv_layer_bytes_per_gpu)
+    # CED decoder: local window plus the top-k selected global records.
+    window = np.minimum(ctx + n, p.window_tokens)
+    selected = np.minimum(records, p.index_topk)
+    read = np.minimum(records, n * p.index_topk) * p.global_record_bytes
+    total += timed(p.decoder_prefix, n * (window + selected),
+                   read + window * p.kv_layer_bytes_per_gpu)
+    # Index layers also score every record with the indexer keys to pick the top-k.
+    total += timed(p.index_prefix, 0.0, records * p.index_key_bytes,
+                   extra_flops=2 * n * records * p.index_key_bytes)
+    return total
+
+
+def _adapter_s(c: CostCoeffs, p: CostProfile, batch: StepBatch, mask: np.ndarray) -> float:
+    """LoRA shrink/expand (or DiReFT edit) seconds of the adapted items in `mask`."""
+    adapted = mask & batch.is_adapted
+    if p.adapter_kind == "none" or not adapted.any():
+        return 0.0
+    g = p.gpu
+    n = batch.num_new_tokens[adapted].astype(float)
+    per_rank = (p.adapter_weights_prefix[batch.last_layer[adapted]]
+                - p.adapter_weights_prefix[batch.first_layer[adapted]])
+    flops = 2.0 * p.adapter_rank * float((n * per_rank).sum()) / p.tp
+    num_adapters = np.unique(batch.adapter_ids[adapted]).size
+    # Each distinct adapter's A and B are read once per step (Punica-style gather kernels).
+    num_bytes = num_adapters * p.adapter_rank * p.adapter_weights_prefix[-1] * 2 / p.tp
+    t = _roofline(flops, num_bytes, g.bf16_dense_flops, c.lora_flops_efficiency,
+                  g.hbm_bandwidth_bytes_per_s, c.memory_bandwidth_efficiency)
+    return float(t) + c.lora_launch_overhead_s + num_adapters * c.lora_per_adapter_overhead_s
+
+
+def _communication_s(c: CostCoeffs, p: CostProfile, tokens: np.ndarray) -> float:
+    """Two ring all-reduces of the activations per layer under tensor parallelism."""
+    if p.tp == 1:
+        return 0.0
+    link = p.gpu.nvlink_bandwidth_bytes_per_s or p.gpu.pcie_bandwidth_bytes_per_s
+    num_bytes = tokens * p.hidden_size * 2
+    per_reduce = 2 * (p.tp - 1) / p.tp * num_bytes / (link * c.communication_efficiency)
+    return float((2 * (per_reduce + c.communication_latency_s) * (tokens > 0)).sum())
+
+
+def _model_terms(c: CostCoeffs, p: CostProfile, batch: StepBatch, mask: np.ndarray) -> dict:
+    tokens = _tokens_per_layer(p, batch, mask)
+    logit_rows = int((batch.is_last_chunk & mask & (batch.last_layer == p.num_layers)).sum())
+    dense, moe = _gemm_s(c, p, tokens, logit_rows)
+    adapter = _adapter_s(c, p, batch, mask)
+    return {
+        "dense_gemm_s": dense,
+        "moe_gemm_s": moe,
+        "attention_s": _attention_s(c, p, batch, mask),
+        "lora_s": adapter if p.adapter_kind == "lora" else 0.0,
+        "direft_s": adapter if p.adapter_kind == "direft" else 0.0,
+        "communication_s": _communication_s(c, p, tokens),
+    }
+
+
+def _routing_s(c: CostCoeffs, p: CostProfile, num_decisions: int) -> float:
+    if num_decisions == 0:
+        return 0.0
+    g = p.gpu
+    # Option embeddings are cached: each decision runs the head once on one pooled query.
+    t = _roofline(2.0 * p.num_head_params * num_decisions, p.num_head_params * 2.0,
+                  g.bf16_dense_flops, c.gemm_flops_efficiency, g.hbm_bandwidth_bytes_per_s,
+                  c.memory_bandwidth_efficiency)
+    return float(t) + num_decisions * c.routing_overhead_s
+
+
+def predict_step(coeffs: CostCoeffs, profile: CostProfile, batch: StepBatch) -> StepCost:
+    """Seconds of one engine step, split into named terms (replays priced in `replay_s`)."""
+    everything = np.ones(batch.num_new_tokens.shape[0], dtype=bool)
+    all_terms = _model_terms(coeffs, profile, batch, everything)
+    regular = _model_terms(coeffs, profile, batch, ~batch.is_replay)
+    replay = sum(all_terms.values()) - sum(regular.values())
+    num_seqs = int((~batch.is_replay).sum())
+    is_empty = num_seqs == 0 and not batch.is_replay.any() and batch.num_routing_decisions == 0
+    overhead = 0.0 if is_empty else coeffs.step_overhead_s + num_seqs * coeffs.per_sequence_overhead_s
+    return StepCost(
+        **regular,
+        replay_s=replay,
+        routing_s=_routing_s(coeffs, profile, batch.num_routing_decisions),
+        overhead_s=overhead,
+    )

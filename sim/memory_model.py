@@ -1,0 +1,156 @@
+"""Pure memory model: weights, adapter slots, KV bytes per token, KV blocks, KV per conversation.
+
+Byte counts follow what vLLM allocates: weights sharded over tensor parallelism, LoRA slots
+preallocated for max_loras adapters at max_lora_rank on every LoRA-able module, an activation
+reserve from a profiling pass, and the rest of gpu_memory_utilization as paged KV blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sim.model_shapes import lora_weights_per_rank, total_params
+from sim.specs import LORA_MODULES, GpuSpec, ModelArch
+
+LORA_DTYPE_BYTES = 2
+"""LoRA weights are kept in bf16 even when the base is fp8 (vLLM's default lora_dtype)."""
+
+PER_ADAPTER_KV_KINDS = ("mol", "multi_agent")
+SHARED_KV_KINDS = ("contextual_mol", "mol2")
+
+
+def weight_bytes_per_gpu(arch: ModelArch, tensor_parallel_size: int) -> float:
+    """Base weights held by one GPU, bytes (all weights sharded evenly over TP ranks)."""
+    return total_params(arch) * arch.weight_dtype_bytes / tensor_parallel_size
+
+
+def kv_bytes_per_token_per_layer(arch: ModelArch) -> float:
+    """KV bytes one token stores in one layer: K and V per KV head (GQA) or one latent (MLA)."""
+    if arch.attention == "gqa":
+        return 2 * arch.num_kv_heads * arch.head_dim * arch.kv_dtype_bytes
+    return (arch.kv_lora_rank + arch.qk_rope_head_dim) * arch.kv_dtype_bytes
+
+
+def kv_bytes_per_token(arch: ModelArch) -> float:
+    """Context-proportional KV bytes per token, whole model.
+
+    Decoder-only: every layer stores KV. CED: only the compressed global KV (one record per
+    `global_kv_compression_ratio` tokens per source layer) and indexer keys grow with context.
+    """
+    if arch.ced is None:
+        return arch.num_layers * kv_bytes_per_token_per_layer(arch)
+    ced = arch.ced
+    per_record = len(ced.kv_source_layers) * ced.global_kv_record_bytes
+    per_record += len(ced.index_layers) * ced.index_key_bytes
+    return per_record / ced.global_kv_compression_ratio
+
+
+def window_state_bytes_per_seq(arch: ModelArch) -> float:
+    """Fixed per-sequence local KV of a CED model: W positions in every layer (0 otherwise)."""
+    if arch.ced is None:
+        return 0.0
+    return arch.num_layers * arch.ced.sliding_window_tokens * kv_bytes_per_token_per_layer(arch)
+
+
+def kv_replication(arch: ModelArch, tensor_parallel_size: int) -> float:
+    """Share of a token's KV each TP rank holds (latent/single-head KV is replicated, not split)."""
+    if arch.attention == "mla" or arch.ced is not None:
+        return 1.0
+    heads_per_rank = math.ceil(arch.num_kv_heads / tensor_parallel_size)
+    return heads_per_rank / arch.num_kv_heads
+
+
+def adapter_slot_bytes_per_gpu(
+    arch: ModelArch, max_loras: int, max_lora_rank: int, tensor_parallel_size: int
+) -> float:
+    """GPU LoRA buffers vLLM preallocates: max_loras x max_lora_rank x every wrapped module."""
+    every_module = [(layer, m) for layer in range(arch.num_layers) for m in LORA_MODULES]
+    per_rank = lora_weights_per_rank(arch, every_module)
+    return max_loras * max_lora_rank * per_rank * LORA_DTYPE_BYTES / tensor_parallel_size
+
+
+def activation_reserve_bytes(
+    arch: ModelArch, max_num_batched_tokens: int, max_num_seqs: int, tensor_parallel_size: int
+) -> float:
+    """Peak activation memory of the profiling pass (assumed form: a few hidden-wide buffers and
+    the FFN intermediate per batched token, plus fp32 logits for every sequence)."""
+    ffn = arch.intermediate_size if arch.moe is None else arch.moe.expert_intermediate_size * 8
+    per_token = (4 * arch.hidden_size + 2 * ffn / tensor_parallel_size) * 2
+    logits = max_num_seqs * arch.vocab_size * 4 / tensor_parallel_size
+    return max_num_batched_tokens * per_token + logits
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Per-GPU memory of one replica, bytes, and the KV capacity it leaves."""
+
+    budget_bytes: float
+    weight_bytes: float
+    adapter_slot_bytes: float
+    activation_bytes: float
+    window_state_bytes: float
+    kv_pool_bytes: float
+    kv_bytes_per_token_per_gpu: float
+    num_kv_blocks: int
+    block_size: int
+
+    @property
+    def num_kv_tokens(self) -> int:
+        """Tokens of context the paged KV pool holds."""
+        return self.num_kv_blocks * self.block_size
+
+
+def memory_breakdown(
+    arch: ModelArch, gpu: GpuSpec, *, tensor_parallel_size: int, gpu_memory_utilization: float,
+    max_num_seqs: int, max_num_batched_tokens: int, block_size: int,
+    max_loras: int, max_lora_rank: int, uses_lora: bool,
+) -> MemoryBreakdown:
+    """Split one GPU's memory budget as vLLM would and count the KV blocks left (may be <= 0)."""
+    budget = gpu.hbm_bytes * gpu_memory_utilization
+    weights = weight_bytes_per_gpu(arch, tensor_parallel_size)
+    slots = adapter_slot_bytes_per_gpu(arch, max_loras, max_lora_rank, tensor_parallel_size)
+    slots = slots if uses_lora else 0.0
+    activations = activation_reserve_bytes(
+        arch, max_num_batched_tokens, max_num_seqs, tensor_parallel_size)
+    window = max_num_seqs * window_state_bytes_per_seq(arch)
+    pool = budget - weights - slots - activations - window
+    per_token = kv_bytes_per_token(arch) * kv_replication(arch, tensor_parallel_size)
+    blocks = int(pool // (block_size * per_token)) if pool > 0 else 0
+    return MemoryBreakdown(budget, weights, slots, activations, window, pool, per_token, blocks,
+                           block_size)
+
+
+@dataclass(frozen=True)
+class ConversationKv:
+    """KV one conversation holds, bytes, by kind of copy."""
+
+    shared_bytes: float
+    per_adapter_bytes: float
+    window_bytes: float
+    temporary_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        """Everything held at the peak (temporary routing state included)."""
+        return self.shared_bytes + self.per_adapter_bytes + self.window_bytes + self.temporary_bytes
+
+
+def conversation_kv(
+    arch: ModelArch, strategy_kind: str, num_context_tokens: int, num_adapters_visited: int,
+    block_size: int, num_temporary_tokens: int = 0,
+) -> ConversationKv:
+    """KV of one conversation under a strategy (whole model, before TP replication).
+
+    MoL and multi-agent keep one full copy per adapter (or model) visited, as per-adapter prefix
+    caches retain them; CED strategies keep one shared global KV plus one rebuilt W-token window;
+    contextual MoL also holds a temporary global-KV branch over its options while deciding.
+    """
+    num_blocks = math.ceil(num_context_tokens / block_size)
+    one_copy = num_blocks * block_size * kv_bytes_per_token(arch)
+    if strategy_kind in SHARED_KV_KINDS:
+        temp = num_temporary_tokens * kv_bytes_per_token(arch)
+        return ConversationKv(one_copy, 0.0, window_state_bytes_per_seq(arch), temp)
+    if strategy_kind in PER_ADAPTER_KV_KINDS:
+        return ConversationKv(0.0, one_copy * max(num_adapters_visited, 1), 0.0, 0.0)
+    return ConversationKv(one_copy, 0.0, window_state_bytes_per_seq(arch), 0.0)

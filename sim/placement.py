@@ -1,0 +1,58 @@
+"""Where an adapter's LoRA sits, and the CED placement rule that keeps the KV shared.
+
+Under a shared-KV strategy the encoder state and the global KV must not depend on the adapter:
+no LoRA on encoder layers and none on the attention of a decoder layer that writes global KV or
+indexer keys (layer 20 on the reference model). Its FFN and the later decoder layers are allowed.
+"""
+
+from __future__ import annotations
+
+from sim.specs import ModelArch
+
+ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def kv_writing_decoder_layers(arch: ModelArch) -> set[int]:
+    """Decoder layers whose attention writes global KV or indexer keys read by other layers."""
+    if arch.ced is None:
+        return set()
+    ced = arch.ced
+    first_decoder = ced.num_encoder_layers
+    return {layer for layer in ced.kv_source_layers if layer >= first_decoder}
+
+
+def is_allowed_under_shared_kv(arch: ModelArch, layer: int, module: str) -> bool:
+    """Whether LoRA on (layer, module) leaves the shared KV adapter-independent."""
+    if arch.ced is None:
+        return True
+    if layer < arch.ced.num_encoder_layers:
+        return False
+    return not (layer in kv_writing_decoder_layers(arch) and module in ATTENTION_MODULES)
+
+
+def placement_violations(
+    arch: ModelArch, layers: tuple[int, ...] | None, modules: tuple[str, ...]
+) -> list[tuple[int, str]]:
+    """(layer, module) pairs that break KV sharing; explicit layers only (None is resolved)."""
+    if layers is None:
+        return []
+    return [(l, m) for l in layers for m in modules if not is_allowed_under_shared_kv(arch, l, m)]
+
+
+def adapter_placements(
+    arch: ModelArch, layers: tuple[int, ...] | None, modules: tuple[str, ...], shared_kv: bool
+) -> list[tuple[int, str]]:
+    """(layer, module) pairs an adapter wraps.
+
+    layers=None means every layer, or under a shared KV every (layer, module) the rule allows.
+    """
+    chosen = range(arch.num_layers) if layers is None else layers
+    pairs = [(layer, module) for layer in chosen for module in modules]
+    if shared_kv and layers is None:
+        pairs = [(l, m) for l, m in pairs if is_allowed_under_shared_kv(arch, l, m)]
+    return pairs
+
+
+def layers_out_of_range(arch: ModelArch, layers: tuple[int, ...] | None) -> list[int]:
+    """Layer indices that the model does not have."""
+    return [] if layers is None else [l for l in layers if not 0 <= l < arch.num_layers]
