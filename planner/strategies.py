@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -136,9 +136,6 @@ class MultiAgentStrategy(_AdapterStrategy):
 
 
 StrategyConfig = Annotated[
-    Union[
-        BaseStrategy, MultiLoraStrategy, PreftStrategy, MolStrategy, ContextualMolStrategy,
-        Mol2Strategy, MultiAgentStrategy,
-    ],
+    BaseStrategy | MultiLoraStrategy | PreftStrategy | MolStrategy | ContextualMolStrategy | Mol2Strategy | MultiAgentStrategy,
     Field(discriminator="kind"),
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -108,7 +108,7 @@ class TraceWorkload(_Frozen):
     """Replay at most this many rows; None replays the whole file."""
 
     @model_validator(mode="after")
-    def _hash_ids_need_jsonl(self) -> "TraceWorkload":
+    def _hash_ids_need_jsonl(self) -> TraceWorkload:
         if self.columns.hash_ids is not None and self.format != "jsonl":
             raise ValueError(
                 f"columns.hash_ids={self.columns.hash_ids!r} needs format='jsonl' "
@@ -118,5 +118,5 @@ class TraceWorkload(_Frozen):
 
 
 WorkloadConfig = Annotated[
-    Union[PunicaWorkload, ConversationWorkload, TraceWorkload], Field(discriminator="kind")
+    PunicaWorkload | ConversationWorkload | TraceWorkload, Field(discriminator="kind")
 ]

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from sim.cost_profile import CostProfile
 from sim.specs import GpuSpec
-from pydantic import BaseModel, ConfigDict, Field
 
 
 class CostCoeffs(BaseModel):

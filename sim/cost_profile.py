@@ -9,7 +9,11 @@ import numpy as np
 
 from sim.memory_model import kv_bytes_per_token_per_layer, kv_replication
 from sim.model_shapes import (
-    attention_params_per_layer, dense_ffn_params, expert_params, is_moe_layer, module_shape,
+    attention_params_per_layer,
+    dense_ffn_params,
+    expert_params,
+    is_moe_layer,
+    module_shape,
 )
 from sim.specs import GpuSpec, ModelArch
 

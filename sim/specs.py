@@ -23,7 +23,7 @@ class _Sourced(BaseModel):
     """Field name -> citation, or a text starting with "assumed" when no public source gives it."""
 
     @model_validator(mode="after")
-    def _every_number_sourced(self) -> "_Sourced":
+    def _every_number_sourced(self) -> _Sourced:
         missing = [
             name
             for name, value in self
@@ -135,7 +135,7 @@ class ModelArch(_Sourced):
     """Causal encoder-decoder layout; None for a decoder-only model."""
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ModelArch":
+    def _consistent(self) -> ModelArch:
         if self.attention == "mla" and self.kv_lora_rank == 0:
             raise ValueError("attention='mla' needs kv_lora_rank > 0")
         if self.num_attention_heads % self.num_kv_heads:

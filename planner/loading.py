@@ -1,0 +1,166 @@
+"""The one place YAML is parsed: scenario files in, `Scenario` or located error messages out.
+
+Every problem becomes one line `FILE:LINE: field.path: what is wrong (given: VALUE)`, so a user
+can jump to it; duplicate keys and malformed YAML are caught before validation.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+import typing
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from planner.scenario import Scenario
+
+
+class ScenarioError(Exception):
+    """A scenario file that cannot be used; `messages` holds one located line per problem."""
+
+    def __init__(self, messages: list[str]):
+        super().__init__("\n".join(messages))
+        self.messages = messages
+
+
+class _LineLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys and records the line of every key."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.key_lines: dict[tuple, int] = {}
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode, deep: bool = False):
+    mapping = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in mapping:
+            first = loader.key_lines[(id(mapping), key)]
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first given on line {first})",
+                key_node.start_mark)
+        mapping[key] = loader.construct_object(value_node, deep=True)
+        loader.key_lines[(id(mapping), key)] = key_node.start_mark.line + 1
+    return mapping
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_yaml(text: str, source: str) -> tuple[object, _LineIndex]:
+    """Parse YAML text; raise ScenarioError on malformed input or duplicate keys."""
+    loader = _LineLoader(text)
+    try:
+        data = loader.get_single_data()
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        line = f"{mark.line + 1}" if mark else "?"
+        problem = getattr(err, "problem", None) or str(err)
+        raise ScenarioError([f"{source}:{line}: malformed YAML: {problem}"]) from None
+    finally:
+        loader.dispose()
+    return data, _LineIndex(data, loader.key_lines)
+
+
+class _LineIndex:
+    """Finds the line of a field path in parsed YAML (skipping union tags that are not keys)."""
+
+    def __init__(self, data: object, key_lines: dict[tuple, int]):
+        self.data, self.key_lines = data, key_lines
+
+    def _walk(self, loc: tuple) -> tuple[list, int | None]:
+        node, line, path = self.data, None, []
+        for i, part in enumerate(loc):
+            if isinstance(node, dict) and part in node:
+                line = self.key_lines.get((id(node), part), line)
+                node, path = node[part], path + [part]
+            elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+                node, path = node[part], path + [part]
+            elif i == len(loc) - 1:
+                path.append(part)  # a missing field: name it although the file lacks it
+        return path, line
+
+    def line_of(self, loc: tuple) -> int | None:
+        """Line of the deepest key of `loc` present in the file."""
+        return self._walk(loc)[1]
+
+    def path_of(self, loc: tuple) -> str:
+        """`loc` as the user wrote it: dotted keys, without union tags the file does not have."""
+        return ".".join(str(p) for p in self._walk(loc)[0]) or "<top>"
+
+
+def _unwrap(annotation) -> list:
+    """The model/container types inside Optional, Union, Annotated and tuple annotations."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _unwrap(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [t for arg in typing.get_args(annotation) for t in _unwrap(arg)]
+    return [annotation]
+
+
+def allowed_keys(loc: tuple) -> list[str] | None:
+    """Field names accepted at the model that `loc` (a pydantic error location) points into."""
+    candidates: list = [Scenario]
+    for part in loc[:-1]:
+        nxt = []
+        for cand in candidates:
+            if isinstance(cand, type) and issubclass(cand, BaseModel) and part in cand.model_fields:
+                nxt += _unwrap(cand.model_fields[part].annotation)
+            elif typing.get_origin(cand) in (tuple, list) and isinstance(part, int):
+                nxt += _unwrap(typing.get_args(cand)[0])
+            elif isinstance(cand, type) and issubclass(cand, BaseModel):
+                kind = cand.model_fields.get("kind")
+                if kind is not None and kind.default == part:  # a discriminated-union tag
+                    nxt.append(cand)
+        candidates = nxt
+    models = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+    return sorted({name for m in models for name in m.model_fields}) if models else None
+
+
+def _format_error(err: dict, source: str, index: _LineIndex) -> list[str]:
+    loc = tuple(err["loc"])
+    msg = re.sub(r"^(Value|Assertion) error, ", "", err["msg"])
+    if err["type"] == "extra_forbidden":
+        keys = allowed_keys(loc)
+        msg = f"unknown key {loc[-1]!r}" + (f"; allowed keys: {keys}" if keys else "")
+        return [f"{source}:{index.line_of(loc) or '?'}: {index.path_of(loc)}: {msg}"]
+    if err["type"] == "value_error" and ":" in msg:
+        # Cross-field rules name their own field paths, one problem a line: "a.b.0.c: ..."
+        lines = []
+        for problem in msg.split("\n"):
+            path = problem.split(":", 1)[0]
+            sub = tuple(int(p) if p.isdigit() else p for p in path.split("."))
+            line = index.line_of(loc + sub) or index.line_of(loc) or "?"
+            prefix = f"{index.path_of(loc)}." if loc else ""
+            lines.append(f"{source}:{line}: {prefix}{problem}")
+        return lines
+    given = err.get("input")
+    shown = "" if isinstance(given, (dict, list)) else f" (given: {given!r})"
+    return [f"{source}:{index.line_of(loc) or '?'}: {index.path_of(loc)}: {msg}{shown}"]
+
+
+def scenario_from_text(text: str, source: str = "<string>") -> Scenario:
+    """Validate YAML text as a Scenario; raise ScenarioError with located messages."""
+    data, index = parse_yaml(text, source)
+    if not isinstance(data, dict):
+        got = type(data).__name__
+        raise ScenarioError([f"{source}:1: <top>: a scenario must be a mapping, got {got}"])
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as err:
+        messages = [m for e in err.errors() for m in _format_error(e, source, index)]
+        raise ScenarioError(messages) from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ScenarioError([f"{path}: cannot read: {err}"]) from None
+    return scenario_from_text(text, str(path))

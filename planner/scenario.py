@@ -1,0 +1,316 @@
+"""The scenario: one frozen pydantic model validated at the boundary, with its cross-field rules."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from planner.strategies import SHARED_KV_KINDS, StrategyConfig
+from planner.workloads import ConversationWorkload, PunicaWorkload, WorkloadConfig
+from sim.catalogue import GPUS, MODELS
+from sim.memory_model import memory_breakdown
+from sim.placement import layers_out_of_range, placement_violations
+from sim.specs import GpuSpec, ModelArch
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""Ranks vLLM accepts for max_lora_rank."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class HardwareConfig(_Frozen):
+    """The GPUs of one replica."""
+
+    gpu: str | GpuSpec = "H100-SXM"
+    """Catalogue GPU name, or a custom spec."""
+    num_gpus_per_replica: int = Field(default=1, ge=1, le=1024)
+    """GPUs one replica (one engine instance) spans."""
+    tensor_parallel_size: int = Field(default=1, ge=1, le=1024)
+    """Tensor-parallel degree inside a replica."""
+    num_replicas: int = Field(default=1, ge=1, le=100_000)
+    """Replicas behind the request router."""
+
+    @model_validator(mode="after")
+    def _tp_fits(self) -> HardwareConfig:
+        if isinstance(self.gpu, str) and self.gpu not in GPUS:
+            raise ValueError(f"gpu={self.gpu!r} is not in the catalogue; known: {sorted(GPUS)}")
+        if self.tensor_parallel_size > self.num_gpus_per_replica:
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size} exceeds "
+                f"num_gpus_per_replica={self.num_gpus_per_replica}"
+            )
+        return self
+
+    @property
+    def gpu_spec(self) -> GpuSpec:
+        """The resolved GPU spec."""
+        return GPUS[self.gpu] if isinstance(self.gpu, str) else self.gpu
+
+
+class DisaggregationConfig(_Frozen):
+    """Prefill/decode disaggregation: separate workers joined by a KV transfer."""
+
+    num_prefill_workers: int = Field(default=1, ge=1, le=10_000)
+    """Prefill workers (each a replica-sized engine)."""
+    num_decode_workers: int = Field(default=1, ge=1, le=10_000)
+    """Decode workers."""
+    kv_transfer_bandwidth_bytes_per_s: float = Field(default=50e9, gt=0, le=1e13)
+    """Link bandwidth for moving a request's KV from prefill to decode."""
+
+
+class SpeculativeConfig(_Frozen):
+    """Speculative decoding."""
+
+    num_speculative_tokens: int = Field(default=3, ge=1, le=64)
+    """Draft tokens proposed per step."""
+    mean_accepted_tokens: float = Field(default=2.0, ge=1, le=65)
+    """Mean tokens emitted per decode step (accepted drafts plus the bonus token)."""
+
+    @model_validator(mode="after")
+    def _accepted_bounded(self) -> SpeculativeConfig:
+        if self.mean_accepted_tokens > self.num_speculative_tokens + 1:
+            raise ValueError(
+                f"mean_accepted_tokens={self.mean_accepted_tokens} exceeds "
+                f"num_speculative_tokens + 1 = {self.num_speculative_tokens + 1}"
+            )
+        return self
+
+
+class EngineConfig(_Frozen):
+    """Serving-engine limits, named as vLLM names them."""
+
+    max_num_seqs: int = Field(default=256, ge=1, le=65_536)
+    """Sequences in one batch."""
+    max_num_batched_tokens: int = Field(default=8192, ge=1, le=10_000_000)
+    """Tokens computed in one step."""
+    block_size: int = Field(default=16, ge=1, le=4096)
+    """Tokens per paged-KV block."""
+    enable_chunked_prefill: bool = True
+    """Split long prompts across steps and mix them with decodes."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks of identical prefixes (keyed by adapter)."""
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """Share of GPU memory the engine may use."""
+    max_loras: int = Field(default=4, ge=1, le=4096)
+    """Adapters resident on the GPU at once (and per step)."""
+    max_cpu_loras: int = Field(default=16, ge=1, le=1_000_000)
+    """Adapters cached in host memory."""
+    max_lora_rank: int = 16
+    """Largest adapter rank; LoRA buffers are preallocated at this rank."""
+    disaggregation: DisaggregationConfig | None = None
+    """Prefill/decode disaggregation; None runs both phases on every replica."""
+    speculative: SpeculativeConfig | None = None
+    """Speculative decoding; None decodes one token per step."""
+
+    @model_validator(mode="after")
+    def _limits(self) -> EngineConfig:
+        if self.max_lora_rank not in VLLM_LORA_RANKS:
+            raise ValueError(f"max_lora_rank={self.max_lora_rank} is not one of {VLLM_LORA_RANKS}")
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras={self.max_cpu_loras} is below max_loras={self.max_loras}")
+        return self
+
+
+class SloConfig(_Frozen):
+    """Latency objectives; None means no constraint."""
+
+    ttft_p50_s: float | None = Field(default=None, gt=0, le=86_400)
+    """Median time to first token."""
+    ttft_p99_s: float | None = Field(default=None, gt=0, le=86_400)
+    """99th-percentile time to first token."""
+    tpot_p50_s: float | None = Field(default=None, gt=0, le=3600)
+    """Median time per output token after the first."""
+    tpot_p99_s: float | None = Field(default=None, gt=0, le=3600)
+    """99th-percentile time per output token."""
+    e2e_p50_s: float | None = Field(default=None, gt=0, le=86_400)
+    """Median end-to-end latency of a request (a turn)."""
+    e2e_p99_s: float | None = Field(default=None, gt=0, le=86_400)
+    """99th-percentile end-to-end latency."""
+
+
+class SearchSpaceConfig(_Frozen):
+    """What the capacity search may vary."""
+
+    gpus: tuple[str, ...] = ("H100-SXM",)
+    """Catalogue GPU kinds to try."""
+    tensor_parallel_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    """TP degrees to try (one replica spans this many GPUs)."""
+    max_num_replicas: int = Field(default=64, ge=1, le=100_000)
+    """Largest scale-out considered."""
+    max_num_seqs: tuple[int, ...] = (256,)
+    """Batch limits to try."""
+    max_loras: tuple[int, ...] = (4,)
+    """GPU adapter slots to try."""
+
+
+class AnalysisConfig(_Frozen):
+    """Grids of the analytical comparisons in the first report."""
+
+    context_tokens: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+    """Context lengths for KV and switch-cost curves."""
+    adapters_visited: tuple[int, ...] = (1, 2, 4, 8)
+    """Adapters a conversation visits, for KV per conversation."""
+    decode_tokens_per_turn: tuple[int, ...] = (16, 64, 256, 1024, 4096)
+    """Reply lengths for routing overhead per turn."""
+    decision_every_tokens: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
+    """Routing every k decoded tokens (agent tool calls)."""
+    distinct_adapters: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    """Distinct adapters in a decode batch."""
+    decode_batch_size: int = Field(default=32, ge=1, le=65_536)
+    """Decode batch for the step-time curve."""
+    num_turn_context_tokens: int = Field(default=4096, ge=1, le=10_000_000)
+    """Context at the turn for the routing-overhead curves."""
+
+
+class Scenario(_Frozen):
+    """Everything one planning question needs: hardware, model, engine, strategies, workload, SLOs."""
+
+    name: str = Field(default="scenario", min_length=1)
+    """Short name used in report titles and output folders."""
+    description: str = ""
+    """Free text shown at the top of the report."""
+    hardware: HardwareConfig = HardwareConfig()
+    """GPUs of one replica and the number of replicas."""
+    model: str | ModelArch = "llama-3.1-8b"
+    """Catalogue model name, or a custom architecture."""
+    engine: EngineConfig = EngineConfig()
+    """Serving-engine limits."""
+    strategies: tuple[StrategyConfig, ...] = Field(min_length=1)
+    """Strategies to compare (each may run on its own catalogue model)."""
+    workload: WorkloadConfig = PunicaWorkload()
+    """Requests to serve."""
+    slo: SloConfig = SloConfig()
+    """Latency objectives."""
+    gpu_prices_per_hour_usd: dict[str, float] = Field(default_factory=dict)
+    """Price per GPU-hour by catalogue GPU name, overriding the catalogue's defaults."""
+    search: SearchSpaceConfig = SearchSpaceConfig()
+    """What the capacity search may vary."""
+    analysis: AnalysisConfig = AnalysisConfig()
+    """Grids of the analytical comparisons."""
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    """Seed of every random draw."""
+
+    @property
+    def model_arch(self) -> ModelArch:
+        """The scenario's resolved model."""
+        return MODELS[self.model] if isinstance(self.model, str) else self.model
+
+    def strategy_arch(self, index: int) -> ModelArch:
+        """The model strategy `index` runs on."""
+        name = self.strategies[index].model
+        return self.model_arch if name is None else MODELS[name]
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> Scenario:
+        problems = [*_catalogue_problems(self), *_strategy_problems(self)]
+        if not problems:
+            problems = [*_context_problems(self), *_fit_problems(self)]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+
+def _catalogue_problems(s: Scenario) -> list[str]:
+    out = []
+    if isinstance(s.model, str) and s.model not in MODELS:
+        out.append(f"model: {s.model!r} is not in the catalogue; known: {sorted(MODELS)}")
+    for i, strategy in enumerate(s.strategies):
+        if strategy.model is not None and strategy.model not in MODELS:
+            out.append(f"strategies.{i}.model: {strategy.model!r} is not in the catalogue; "
+                       f"known: {sorted(MODELS)}")
+    for i, gpu in enumerate(s.search.gpus):
+        if gpu not in GPUS:
+            out.append(f"search.gpus.{i}: {gpu!r} is not in the catalogue; known: {sorted(GPUS)}")
+    for gpu in s.gpu_prices_per_hour_usd:
+        if gpu not in GPUS:
+            out.append(f"gpu_prices_per_hour_usd: {gpu!r} is not a catalogue GPU; "
+                       f"known: {sorted(GPUS)}")
+    labels = [st.label for st in s.strategies]
+    for label in sorted({x for x in labels if labels.count(x) > 1}):
+        out.append(f"strategies: two strategies are labelled {label!r}; give each a unique name")
+    return out
+
+
+def _strategy_problems(s: Scenario) -> list[str]:
+    out = []
+    for i, strategy in enumerate(s.strategies):
+        if isinstance(strategy.model, str) and strategy.model not in MODELS:
+            continue
+        arch = s.strategy_arch(i)
+        where = f"strategies.{i}"
+        shared_kv = strategy.kind in SHARED_KV_KINDS
+        if shared_kv and not arch.is_ced:
+            out.append(f"{where}.kind: {strategy.kind!r} needs a causal encoder-decoder model; "
+                       f"{arch.name!r} is decoder-only (CED models: "
+                       f"{sorted(n for n, m in MODELS.items() if m.is_ced)})")
+        for j, adapter in enumerate(getattr(strategy, "adapters", ())):
+            at = f"{where}.adapters.{j}"
+            if adapter.rank > s.engine.max_lora_rank:
+                out.append(f"{at}.rank: {adapter.rank} exceeds engine.max_lora_rank="
+                           f"{s.engine.max_lora_rank}; allowed: 1..{s.engine.max_lora_rank}")
+            bad_layers = layers_out_of_range(arch, adapter.layers)
+            if bad_layers:
+                out.append(f"{at}.layers: {bad_layers} not in 0..{arch.num_layers - 1} "
+                           f"of {arch.name!r}")
+            elif shared_kv and arch.is_ced and not strategy.allow_kv_breaking_placement:
+                bad = placement_violations(arch, adapter.layers, adapter.target_modules)
+                if bad:
+                    out.append(
+                        f"{at}.layers: LoRA at (layer, module) {bad[:4]}{'...' if len(bad) > 4 else ''}"
+                        f" breaks the shared KV of {strategy.kind!r}: no LoRA on encoder layers "
+                        f"0..{arch.ced.num_encoder_layers - 1} nor on the attention of layer(s) "
+                        f"{sorted(p for p in arch.ced.kv_source_layers if p >= arch.ced.num_encoder_layers)}"
+                        f"; allowed: their FFN and later decoder layers "
+                        f"(set allow_kv_breaking_placement: true for experiments)")
+        router = getattr(strategy, "router_adapter", None)
+        names = [a.name for a in getattr(strategy, "adapters", ())]
+        if router is not None and router not in names:
+            out.append(f"{where}.router_adapter: {router!r} is not one of its adapters {names}")
+    return out
+
+
+def _context_problems(s: Scenario) -> list[str]:
+    w = s.workload
+    if isinstance(w, PunicaWorkload):
+        longest, field = w.max_prompt_tokens + w.num_output_tokens, "workload.max_prompt_tokens"
+    elif isinstance(w, ConversationWorkload):
+        longest, field = w.num_final_context_tokens, "workload.num_turns"
+    else:
+        return []  # trace lengths are checked when the trace is read
+    out = []
+    for i in range(len(s.strategies)):
+        arch = s.strategy_arch(i)
+        if longest > arch.max_context_tokens:
+            out.append(f"{field}: requests reach {longest} tokens of context, longer than "
+                       f"{arch.name!r} allows ({arch.max_context_tokens}); allowed: "
+                       f"<= {arch.max_context_tokens}")
+    return out
+
+
+def _fit_problems(s: Scenario) -> list[str]:
+    out, seen = [], set()
+    gpu, tp = s.hardware.gpu_spec, s.hardware.tensor_parallel_size
+    for i, strategy in enumerate(s.strategies):
+        arch = s.strategy_arch(i)
+        if arch.name in seen:
+            continue
+        seen.add(arch.name)
+        mem = memory_breakdown(
+            arch, gpu, tensor_parallel_size=tp,
+            gpu_memory_utilization=s.engine.gpu_memory_utilization,
+            max_num_seqs=s.engine.max_num_seqs,
+            max_num_batched_tokens=s.engine.max_num_batched_tokens,
+            block_size=s.engine.block_size, max_loras=s.engine.max_loras,
+            max_lora_rank=s.engine.max_lora_rank, uses_lora=strategy.kind != "base")
+        if mem.num_kv_blocks < 1:
+            gib = 2**30
+            out.append(
+                f"hardware: model {arch.name!r} does not fit {gpu.name} at "
+                f"tensor_parallel_size={tp}: per GPU it needs {mem.weight_bytes / gib:.1f} GiB "
+                f"weights + {mem.adapter_slot_bytes / gib:.1f} GiB LoRA slots + "
+                f"{(mem.activation_bytes + mem.window_state_bytes) / gib:.1f} GiB activations "
+                f"of {mem.budget_bytes / gib:.1f} GiB usable, leaving no KV block; allowed: a "
+                f"larger tensor_parallel_size, a bigger GPU or a smaller model")
+    return out
