@@ -8,7 +8,7 @@ from planner.strategies import SHARED_KV_KINDS, StrategyConfig
 from planner.workloads import ConversationWorkload, PunicaWorkload, WorkloadConfig
 from sim.catalogue import GPUS, MODELS
 from sim.memory_model import memory_breakdown
-from sim.placement import layers_out_of_range, placement_violations
+from sim.placement import kv_writing_decoder_layers, layers_out_of_range, placement_violations
 from sim.specs import GpuSpec, ModelArch
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -165,7 +165,7 @@ class AnalysisConfig(_Frozen):
 
 
 class Scenario(_Frozen):
-    """Everything one planning question needs: hardware, model, engine, strategies, workload, SLOs."""
+    """One planning question: hardware, model, engine, strategies, workload, SLOs, search space."""
 
     name: str = Field(default="scenario", min_length=1)
     """Short name used in report titles and output folders."""
@@ -257,18 +257,21 @@ def _strategy_problems(s: Scenario) -> list[str]:
             elif shared_kv and arch.is_ced and not strategy.allow_kv_breaking_placement:
                 bad = placement_violations(arch, adapter.layers, adapter.target_modules)
                 if bad:
-                    out.append(
-                        f"{at}.layers: LoRA at (layer, module) {bad[:4]}{'...' if len(bad) > 4 else ''}"
-                        f" breaks the shared KV of {strategy.kind!r}: no LoRA on encoder layers "
-                        f"0..{arch.ced.num_encoder_layers - 1} nor on the attention of layer(s) "
-                        f"{sorted(p for p in arch.ced.kv_source_layers if p >= arch.ced.num_encoder_layers)}"
-                        f"; allowed: their FFN and later decoder layers "
-                        f"(set allow_kv_breaking_placement: true for experiments)")
+                    out.append(_placement_message(at, strategy.kind, arch, bad))
         router = getattr(strategy, "router_adapter", None)
         names = [a.name for a in getattr(strategy, "adapters", ())]
         if router is not None and router not in names:
             out.append(f"{where}.router_adapter: {router!r} is not one of its adapters {names}")
     return out
+
+
+def _placement_message(at: str, kind: str, arch: ModelArch, bad: list) -> str:
+    shown = f"{bad[:4]}{'...' if len(bad) > 4 else ''}"
+    writers = sorted(kv_writing_decoder_layers(arch))
+    return (f"{at}.layers: LoRA at (layer, module) {shown} breaks the shared KV of {kind!r}: "
+            f"no LoRA on encoder layers 0..{arch.ced.num_encoder_layers - 1} nor on the attention "
+            f"of layer(s) {writers}; allowed: their FFN and later decoder layers "
+            f"(set allow_kv_breaking_placement: true for experiments)")
 
 
 def _context_problems(s: Scenario) -> list[str]:

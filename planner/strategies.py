@@ -119,7 +119,7 @@ class Mol2Strategy(_SharedKvStrategy):
     kind: Literal["mol2"] = "mol2"
     """Strategy discriminator."""
     routing: Literal["in_engine", "outside_engine"] = "in_engine"
-    """in_engine: decision rides the normal prefill; outside_engine: a second prefill exposes H19."""
+    """in_engine: the decision rides the normal prefill; outside_engine: a second prefill."""
     num_head_params: int = Field(default=15_250_000, ge=1, le=10**11)
     """Pointer-head parameters (15.25M in the reference implementation)."""
     measured_decision_time_s: float | None = Field(default=None, gt=0, le=3600)
@@ -136,6 +136,7 @@ class MultiAgentStrategy(_AdapterStrategy):
 
 
 StrategyConfig = Annotated[
-    BaseStrategy | MultiLoraStrategy | PreftStrategy | MolStrategy | ContextualMolStrategy | Mol2Strategy | MultiAgentStrategy,
+    BaseStrategy | MultiLoraStrategy | PreftStrategy | MolStrategy | ContextualMolStrategy
+    | Mol2Strategy | MultiAgentStrategy,
     Field(discriminator="kind"),
 ]

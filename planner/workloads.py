@@ -1,4 +1,4 @@
-"""Workloads as a discriminated union on `kind`: Punica-style, multi-turn conversations, trace replay."""
+"""Workloads, a discriminated union on `kind`: Punica-style, multi-turn conversations, traces."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class PunicaWorkload(_Frozen):
     num_adapters: int = Field(default=8, ge=1, le=100_000)
     """Adapters the requests are spread over (the strategy's adapters are cycled)."""
     popularity: Literal["identical", "uniform", "skewed", "distinct"] = "uniform"
-    """identical: all adapter 0; uniform; skewed: Zipf(alpha) over the catalogue; distinct: i mod N."""
+    """identical: all adapter 0; uniform; skewed: Zipf(zipf_alpha); distinct: i mod N, shuffled."""
     zipf_alpha: float = Field(default=1.0, gt=0, le=10)
     """Zipf exponent of the skewed mix."""
     prompt_lognormal_sigma: float = Field(default=0.8, gt=0, le=10)

@@ -1,4 +1,4 @@
-"""Hardware and model catalogue: named GPUs and architectures, each number sourced or marked assumed.
+"""Hardware and model catalogue: named GPUs and models, each number sourced or marked assumed.
 
 Scenarios name an entry (`gpu: H20`, `model: ced-40`) or give a custom spec of the same type.
 """
@@ -25,7 +25,7 @@ def _gpu(name, tflops, hbm_gb, bw_tbs, nvlink_gbs, pcie_gbs, price, source):
             "hbm_bytes": source,
             "hbm_bandwidth_bytes_per_s": source,
             "nvlink_bandwidth_bytes_per_s": f"{source}: bidirectional NVLink figure halved",
-            "pcie_bandwidth_bytes_per_s": _PCIE if pcie_gbs == 64 else "PCIe Gen4 x16, one direction",
+            "pcie_bandwidth_bytes_per_s": _PCIE if pcie_gbs == 64 else _PCIE.replace("5", "4"),
             "price_per_hour_usd": _PRICE,
         },
     )

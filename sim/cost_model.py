@@ -276,7 +276,8 @@ def predict_step(coeffs: CostCoeffs, profile: CostProfile, batch: StepBatch) -> 
     replay = sum(all_terms.values()) - sum(regular.values())
     num_seqs = int((~batch.is_replay).sum())
     is_empty = num_seqs == 0 and not batch.is_replay.any() and batch.num_routing_decisions == 0
-    overhead = 0.0 if is_empty else coeffs.step_overhead_s + num_seqs * coeffs.per_sequence_overhead_s
+    overhead = coeffs.step_overhead_s + num_seqs * coeffs.per_sequence_overhead_s
+    overhead = 0.0 if is_empty else overhead
     return StepCost(
         **regular,
         replay_s=replay,

@@ -96,6 +96,7 @@ def create_cost_profile(
     is_index = np.isin(layers, ced.index_layers) if ced else np.zeros(arch.num_layers, bool)
     tp = tensor_parallel_size
     kv_layer = kv_bytes_per_token_per_layer(arch) * kv_replication(arch, tp)
+    adapter_weights = _adapter_weights_per_layer(arch, adapter_kind, list(adapter_placements))
     return CostProfile(
         num_layers=arch.num_layers, gpu=gpu, tp=tp, weight_dtype_bytes=arch.weight_dtype_bytes,
         hidden_size=arch.hidden_size, dense_params_per_layer=dense.astype(float),
@@ -114,8 +115,6 @@ def create_cost_profile(
         index_topk=ced.index_topk if ced else 0,
         window_tokens=ced.sliding_window_tokens if ced else 0,
         adapter_kind=adapter_kind, adapter_rank=adapter_rank,
-        adapter_weights_prefix=np.concatenate(
-            [[0.0], np.cumsum(_adapter_weights_per_layer(arch, adapter_kind, list(adapter_placements)))]
-        ),
+        adapter_weights_prefix=np.concatenate([[0.0], np.cumsum(adapter_weights)]),
         num_head_params=num_head_params,
     )

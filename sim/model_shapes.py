@@ -56,7 +56,8 @@ def total_params(arch: ModelArch) -> int:
     moe_per_layer = 0
     if arch.moe is not None:
         num_experts = arch.moe.num_routed_experts + arch.moe.num_shared_experts
-        moe_per_layer = num_experts * expert_params(arch) + arch.hidden_size * arch.moe.num_routed_experts
+        router_gate = arch.hidden_size * arch.moe.num_routed_experts
+        moe_per_layer = num_experts * expert_params(arch) + router_gate
     return (
         arch.num_layers * attention_params_per_layer(arch)
         + num_dense * dense_ffn_params(arch)

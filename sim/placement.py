@@ -36,7 +36,10 @@ def placement_violations(
     """(layer, module) pairs that break KV sharing; explicit layers only (None is resolved)."""
     if layers is None:
         return []
-    return [(l, m) for l in layers for m in modules if not is_allowed_under_shared_kv(arch, l, m)]
+    return [
+        (layer, m) for layer in layers for m in modules
+        if not is_allowed_under_shared_kv(arch, layer, m)
+    ]
 
 
 def adapter_placements(
@@ -49,10 +52,10 @@ def adapter_placements(
     chosen = range(arch.num_layers) if layers is None else layers
     pairs = [(layer, module) for layer in chosen for module in modules]
     if shared_kv and layers is None:
-        pairs = [(l, m) for l, m in pairs if is_allowed_under_shared_kv(arch, l, m)]
+        pairs = [(la, m) for la, m in pairs if is_allowed_under_shared_kv(arch, la, m)]
     return pairs
 
 
 def layers_out_of_range(arch: ModelArch, layers: tuple[int, ...] | None) -> list[int]:
     """Layer indices that the model does not have."""
-    return [] if layers is None else [l for l in layers if not 0 <= l < arch.num_layers]
+    return [] if layers is None else [x for x in layers if not 0 <= x < arch.num_layers]

@@ -72,7 +72,7 @@ class MoeSpec(BaseModel):
 
 
 class CedLayout(BaseModel):
-    """Causal encoder-decoder layout: encoder layers, compressed global KV, sliding-window decoder."""
+    """Causal encoder-decoder layout: encoder, compressed global KV, sliding-window decoder."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
