@@ -62,7 +62,7 @@ def spec_matches(spec: LoraSpec, module_name: str) -> bool:
 
 
 class LoRALinear(nn.Module):
-    """Drop-in `nn.Linear` with `max_loras` LoRA slots, selected per token by the forward context."""
+    """Drop-in `nn.Linear` with `max_loras` LoRA slots, picked per token by the forward context."""
 
     def __init__(self, base: nn.Linear, max_loras: int, max_lora_rank: int) -> None:
         super().__init__()
@@ -108,7 +108,8 @@ class LoRALinear(nn.Module):
     def slot_weights(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A [r, in] and B [out, r] of `slot`, unpadded (detached copies)."""
         rank = self.ranks[slot]
-        return self.lora_a[slot, :rank].detach().clone(), self.lora_b[slot, :, :rank].detach().clone()
+        a = self.lora_a[slot, :rank].detach().clone()
+        return a, self.lora_b[slot, :, :rank].detach().clone()
 
     def delta_weight(self, slot: int) -> torch.Tensor:
         """scaling * B @ A of `slot`: [out, in], the update merging folds into the base weight."""
@@ -141,7 +142,8 @@ class LoRALinear(nn.Module):
             rows = (token_slots == slot).nonzero().squeeze(1)  # [n_s]
             rank = self.ranks[slot]
             shrunk = x[rows] @ self.lora_a[slot, :rank].T  # [n_s, r]
-            out = out.index_add(0, rows, (shrunk @ self.lora_b[slot, :, :rank].T) * self.scaling[slot])
+            expanded = (shrunk @ self.lora_b[slot, :, :rank].T) * self.scaling[slot]  # [n_s, out]
+            out = out.index_add(0, rows, expanded)
         return out
 
     def _bgmv(self, x: torch.Tensor, token_slots: torch.Tensor) -> torch.Tensor:
@@ -224,3 +226,18 @@ def merge_slot(model: nn.Module, slot: int, names: Iterable[str] | None = None) 
             module = modules[name]
             if module.ranks[slot]:
                 module.base.weight += module.delta_weight(slot)
+
+
+def random_lora(
+    model: nn.Module, spec: LoraSpec, generator: torch.Generator, *, std: float = 0.5
+) -> LoraWeights:
+    """Random A and non-zero B for every linear `spec` targets (tests, benchmarks)."""
+    tensors = {}
+    for name, module in model.named_modules():
+        if name.endswith(".base") or not isinstance(module, (nn.Linear, LoRALinear)):
+            continue
+        if spec_matches(spec, name):
+            a = torch.randn(spec.rank, module.in_features, generator=generator)
+            b = torch.randn(module.out_features, spec.rank, generator=generator)
+            tensors[name] = (a * module.in_features**-0.5, b * std * spec.rank**-0.5)
+    return LoraWeights(spec=spec, tensors=tensors)

@@ -1,0 +1,1 @@
+"""Causal encoder-decoder model with a shared global KV and bounded replay."""
