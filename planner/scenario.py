@@ -16,7 +16,7 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 class HardwareConfig(_Frozen):
@@ -162,6 +162,20 @@ class AnalysisConfig(_Frozen):
     """Decode batch for the step-time curve."""
     num_turn_context_tokens: int = Field(default=4096, ge=1, le=10_000_000)
     """Context at the turn for the routing-overhead curves."""
+    num_query_tokens: int = Field(default=128, ge=1, le=10_000_000)
+    """Tokens of the user turn a router scores."""
+    measured_turn_fixed_s: float | None = Field(default=None, gt=0, le=86_400)
+    """Measured direct-turn time before the first token (reference timing); None: cost model."""
+    measured_turn_per_token_s: float | None = Field(default=None, gt=0, le=3600)
+    """Measured direct-turn time per decoded token (reference timing); None: cost model."""
+
+    @model_validator(mode="after")
+    def _measured_turn_pair(self) -> AnalysisConfig:
+        if (self.measured_turn_fixed_s is None) != (self.measured_turn_per_token_s is None):
+            raise ValueError("measured_turn_fixed_s and measured_turn_per_token_s go together: "
+                             f"got {self.measured_turn_fixed_s} and "
+                             f"{self.measured_turn_per_token_s}")
+        return self
 
 
 class Scenario(_Frozen):

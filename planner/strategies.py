@@ -13,7 +13,7 @@ SHARED_KV_KINDS = ("contextual_mol", "mol2")
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 class AdapterConfig(_Frozen):

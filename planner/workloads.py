@@ -11,7 +11,7 @@ MAX_RATE_PER_S = 1e6
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 class PunicaWorkload(_Frozen):

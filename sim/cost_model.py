@@ -20,7 +20,7 @@ from sim.specs import GpuSpec
 class CostCoeffs(BaseModel):
     """Efficiency coefficients of the roofline terms; `calibrate/` fits them per GPU kind."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     gemm_flops_efficiency: float = Field(default=0.6, gt=0, le=1)
     """Achieved share of peak FLOP/s in weight GEMMs (dense and experts)."""
@@ -257,7 +257,8 @@ def _model_terms(c: CostCoeffs, p: CostProfile, batch: StepBatch, mask: np.ndarr
     }
 
 
-def _routing_s(c: CostCoeffs, p: CostProfile, num_decisions: int) -> float:
+def routing_decision_s(c: CostCoeffs, p: CostProfile, num_decisions: int) -> float:
+    """Seconds of `num_decisions` routing-head decisions (pointer head over cached options)."""
     if num_decisions == 0:
         return 0.0
     g = p.gpu
@@ -281,6 +282,6 @@ def predict_step(coeffs: CostCoeffs, profile: CostProfile, batch: StepBatch) -> 
     return StepCost(
         **regular,
         replay_s=replay,
-        routing_s=_routing_s(coeffs, profile, batch.num_routing_decisions),
+        routing_s=routing_decision_s(coeffs, profile, batch.num_routing_decisions),
         overhead_s=overhead,
     )

@@ -17,7 +17,7 @@ LoraModule = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pr
 class _Sourced(BaseModel):
     """Base for catalogue entries: every number must carry a source or an assumption."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     sources: dict[str, str] = Field(default_factory=dict)
     """Field name -> citation, or a text starting with "assumed" when no public source gives it."""
@@ -57,7 +57,7 @@ class GpuSpec(_Sourced):
 class MoeSpec(BaseModel):
     """Mixture-of-experts feed-forward layout."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     num_routed_experts: int = Field(ge=1)
     """Routed experts per MoE layer."""
@@ -74,7 +74,7 @@ class MoeSpec(BaseModel):
 class CedLayout(BaseModel):
     """Causal encoder-decoder layout: encoder, compressed global KV, sliding-window decoder."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     num_encoder_layers: int = Field(ge=1)
     """Layers 0..num_encoder_layers-1 form the encoder; LoRA is not allowed there."""

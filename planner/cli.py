@@ -1,0 +1,80 @@
+"""The `molcap` command line: thin Typer commands over planner functions."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+
+from planner.loading import ScenarioError, load_scenario
+from planner.scenario import Scenario
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Plan GPU capacity for serving many LoRA adapters on one base model.")
+console = Console()
+errors = Console(stderr=True)
+
+BAD_INPUT_EXIT = 2
+
+
+def _fail(messages: list[str]) -> None:
+    for message in messages:
+        errors.print(message, markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(BAD_INPUT_EXIT)
+
+
+@app.command()
+def schema(out: Path = typer.Option(None, "--out", "-o", help="Write here instead of stdout.")):
+    """Write the scenario JSON Schema (for editor completion of YAML files)."""
+    text = json.dumps(Scenario.model_json_schema(), indent=2)
+    if out is None:
+        sys.stdout.write(text + "\n")
+    else:
+        out.write_text(text + "\n", encoding="utf-8")
+        console.print(f"wrote {out}")
+
+
+@app.command()
+def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files.")):
+    """Check scenario files; print every problem with its file, line and field."""
+    problems: list[str] = []
+    for path in files:
+        try:
+            load_scenario(path)
+            console.print(f"ok {path}")
+        except ScenarioError as err:
+            problems += err.messages
+    if problems:
+        _fail(problems)
+
+
+@app.command()
+def run(
+    files: list[Path] = typer.Argument(..., help="Scenario YAML files."),
+    out: Path = typer.Option(Path("out"), "--out", "-o", help="Folder for reports and tables."),
+):
+    """Compare every strategy of each scenario; write an HTML report and tidy tables."""
+    from planner.run import run_scenario_file
+
+    problems: list[str] = []
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("scenarios", total=len(files))
+        for path in files:
+            try:
+                result = run_scenario_file(path, out)
+            except ScenarioError as err:
+                problems += err.messages
+            else:
+                console.print(f"report: {result.report_path}")
+                console.print(f"tables: {result.table_paths[0].parent} (parquet and CSV)")
+            progress.advance(task)
+    if problems:
+        _fail(problems)
+
+
+if __name__ == "__main__":
+    app()

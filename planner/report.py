@@ -1,0 +1,104 @@
+"""Self-contained HTML reports (plotly inlined, opens without network) and tidy table files.
+
+Reports only format values they are given; nothing here computes a result.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.metadata
+import os
+import platform
+import tempfile
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2rem auto;max-width:1200px;color:#222}
+h1{margin-bottom:.2rem} h2{border-bottom:1px solid #ddd;padding-bottom:.2rem;margin-top:2.5rem}
+table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}
+td,th{border:1px solid #ddd;padding:.25rem .5rem;text-align:right}
+th{background:#f4f4f4} pre{background:#f7f7f7;padding:1rem;overflow:auto;font-size:.8rem}
+.note{color:#555}
+"""
+
+_VERSIONED = ("molcap", "numpy", "pandas", "pydantic", "simpy", "plotly", "pyarrow")
+
+
+@dataclass
+class ReportSection:
+    """One titled part of a report: prose, figures and tables, in that order."""
+
+    title: str
+    text: str = ""
+    figures: list[go.Figure] = field(default_factory=list)
+    tables: list[pd.DataFrame] = field(default_factory=list)
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of Python and the packages that shaped the numbers."""
+    versions = {"python": platform.python_version()}
+    for name in _VERSIONED:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def _table_html(df: pd.DataFrame, max_rows: int = 60) -> str:
+    shown = df.head(max_rows)
+    body = shown.to_html(index=False, float_format=lambda x: f"{x:.4g}", border=0)
+    more = f"<p class=note>{len(df) - max_rows} more rows in the table files.</p>"
+    return body + (more if len(df) > max_rows else "")
+
+
+def render_html(title: str, subtitle: str, sections: list[ReportSection],
+                scenario_text: str) -> str:
+    """The whole report as one HTML string with plotly.js inlined once."""
+    parts = [f"<h1>{html.escape(title)}</h1><p class=note>{html.escape(subtitle)}</p>"]
+    for section in sections:
+        parts.append(f"<h2>{html.escape(section.title)}</h2>")
+        if section.text:
+            parts.append(f"<p>{html.escape(section.text)}</p>")
+        parts += [fig.to_html(full_html=False, include_plotlyjs=False) for fig in section.figures]
+        parts += [_table_html(df) for df in section.tables]
+    versions = "".join(f"<tr><th>{k}</th><td>{html.escape(v)}</td></tr>"
+                       for k, v in package_versions().items())
+    parts.append(f"<h2>Scenario</h2><pre>{html.escape(scenario_text)}</pre>")
+    parts.append(f"<h2>Versions</h2><table>{versions}</table>")
+    return (f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+            f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head>"
+            f"<body>{''.join(parts)}</body></html>")
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file and a rename, so no half file remains."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes files private; reports are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_table(df: pd.DataFrame, stem: Path) -> list[Path]:
+    """Write a tidy table as parquet and CSV next to each other; return both paths."""
+    parquet, csv = stem.with_suffix(".parquet"), stem.with_suffix(".csv")
+    write_atomic(parquet, df.to_parquet(index=False))
+    write_atomic(csv, df.to_csv(index=False).encode())
+    return [parquet, csv]
+
+
+def timestamp() -> str:
+    """UTC time for report subtitles."""
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
