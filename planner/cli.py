@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -28,7 +29,9 @@ def _fail(messages: list[str]) -> None:
 
 
 @app.command()
-def schema(out: Path = typer.Option(None, "--out", "-o", help="Write here instead of stdout.")):
+def schema(
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write here, not stdout.")] = None,
+):
     """Write the scenario JSON Schema (for editor completion of YAML files)."""
     text = json.dumps(Scenario.model_json_schema(), indent=2)
     if out is None:
@@ -39,7 +42,7 @@ def schema(out: Path = typer.Option(None, "--out", "-o", help="Write here instea
 
 
 @app.command()
-def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files.")):
+def validate(files: Annotated[list[Path], typer.Argument(help="Scenario YAML files.")]):
     """Check scenario files; print every problem with its file, line and field."""
     problems: list[str] = []
     for path in files:
@@ -54,8 +57,9 @@ def validate(files: list[Path] = typer.Argument(..., help="Scenario YAML files."
 
 @app.command()
 def run(
-    files: list[Path] = typer.Argument(..., help="Scenario YAML files."),
-    out: Path = typer.Option(Path("out"), "--out", "-o", help="Folder for reports and tables."),
+    files: Annotated[list[Path], typer.Argument(help="Scenario YAML files.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for reports, tables.")] = Path(
+        "out"),
 ):
     """Compare every strategy of each scenario; write an HTML report and tidy tables."""
     from planner.run import run_scenario_file

@@ -13,7 +13,8 @@ def kv_per_conversation_figure(df: pd.DataFrame) -> go.Figure:
     """KV GiB per conversation vs context, one panel per number of adapters visited."""
     fig = px.line(df, x="context_tokens", y="kv_gib", color="strategy",
                   facet_col="adapters_visited", markers=True, log_x=True, log_y=True,
-                  labels={"context_tokens": "context (tokens)", "kv_gib": "KV per conversation (GiB)",
+                  labels={"context_tokens": "context (tokens)",
+                          "kv_gib": "KV per conversation (GiB)",
                           "adapters_visited": "adapters visited"},
                   title="KV memory per conversation")
     return fig.update_layout(**_LAYOUT)

@@ -1,4 +1,4 @@
-"""Resolve one strategy of a scenario into what the cost model needs: model, GPU, profile, coeffs."""
+"""Resolve one strategy of a scenario into what the cost model needs: model, GPU, profile."""
 
 from __future__ import annotations
 
