@@ -1,0 +1,33 @@
+# Two entry points, each complete on a fresh machine:
+#   make demo   create .venv, install molcap, run the main job on scenarios/default.yaml
+#   make test   create/update .venv with the test extras, run the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The test environment carries every extra whose real parts the tests run.
+TEST_EXTRAS ?= test,engine
+
+.PHONY: demo test lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.core-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.test-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[$(TEST_EXTRAS)]"
+	touch $@ $(VENV)/.core-installed
+
+demo: $(VENV)/.core-installed
+	$(BIN)/molcap run scenarios/default.yaml
+
+test: $(VENV)/.test-installed
+	$(BIN)/python -m pytest
+
+lint: $(VENV)/.test-installed
+	$(BIN)/ruff check planner sim calibrate engine_ext app tests bench
+
+clean:
+	rm -rf $(VENV) out
