@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
 from engine_ext.forward_context import NO_ADAPTER, get_forward_context
@@ -39,6 +39,12 @@ class LoraSpec(BaseModel):
     """LoRA_P: apply to prompt tokens only, decode on base weights."""
     base_model: str = ""
     """Name of the base model the adapter was trained on (checked on load when both are set)."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _canonical_targets(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # Sorted and unique, so a spec read back from a file compares equal to the original.
+        return tuple(sorted(set(value)))
 
     @property
     def scaling(self) -> float:

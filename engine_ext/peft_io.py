@@ -149,5 +149,8 @@ def load_peft_adapter(
         validate_lora(model, weights, str(weights_path), max_lora_rank)
     except AdapterLoadError as err:
         # Name the tensor as it is spelled in the file.
-        raise AdapterLoadError(err.source, f"{_PREFIX}{err.tensor}", err.reason) from err
+        key = err.tensor if err.tensor == "*" else f"{_PREFIX}{err.tensor}"
+        if key.endswith((".lora_A", ".lora_B")):
+            key += ".weight"
+        raise AdapterLoadError(err.source, key, err.reason) from err
     return weights
