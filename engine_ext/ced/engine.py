@@ -127,3 +127,12 @@ class CEDEngine:
         """Full recompute of tokens [B, T] under `adapters` from an empty state."""
         state = self.new_state(tokens.shape[0])
         return state, self.prefill(state, tokens, adapters, chunk_size=chunk_size)
+
+    def encode_on_branch(self, state: CEDState, tokens: torch.Tensor) -> torch.Tensor:
+        """Contextual MoL: H19 [B, T, D] of tokens [B, T] encoded after the history.
+
+        Runs on a temporary copy of the state (the "global-KV branch"), dropped on return, so the
+        session's own state is untouched.
+        """
+        branch = state.clone()
+        return self.forward(branch, tokens, None).encoder_hidden
