@@ -24,7 +24,7 @@ h1{margin-bottom:.2rem} h2{border-bottom:1px solid #ddd;padding-bottom:.2rem;mar
 table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}
 td,th{border:1px solid #ddd;padding:.25rem .5rem;text-align:right}
 th{background:#f4f4f4} pre{background:#f7f7f7;padding:1rem;overflow:auto;font-size:.8rem}
-.note{color:#555}
+.note{color:#555} .scroll{overflow-x:auto} summary{cursor:pointer;color:#135}
 """
 
 _VERSIONED = ("molcap", "numpy", "pandas", "pydantic", "simpy", "plotly", "pyarrow")
@@ -51,11 +51,16 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def _table_html(df: pd.DataFrame, max_rows: int = 60) -> str:
+def _table_html(df: pd.DataFrame, max_rows: int = 200, max_open_rows: int = 15) -> str:
+    """A scrollable table; long ones fold into a <details> so the charts stay in view."""
     shown = df.head(max_rows)
     body = shown.to_html(index=False, float_format=lambda x: f"{x:.4g}", border=0)
-    more = f"<p class=note>{len(df) - max_rows} more rows in the table files.</p>"
-    return body + (more if len(df) > max_rows else "")
+    body = f"<div class=scroll>{body}</div>"
+    if len(df) > max_rows:
+        body += f"<p class=note>{len(df) - max_rows} more rows in the table files.</p>"
+    if len(df) <= max_open_rows:
+        return body
+    return f"<details><summary>table ({len(df)} rows)</summary>{body}</details>"
 
 
 def render_html(title: str, subtitle: str, sections: list[ReportSection],
