@@ -34,7 +34,7 @@ class HardwareConfig(_Frozen):
     @model_validator(mode="after")
     def _tp_fits(self) -> HardwareConfig:
         if isinstance(self.gpu, str) and self.gpu not in GPUS:
-            raise ValueError(f"gpu={self.gpu!r} is not in the catalogue; known: {sorted(GPUS)}")
+            raise ValueError(f"gpu: {self.gpu!r} is not in the catalogue; known: {sorted(GPUS)}")
         if self.tensor_parallel_size > self.num_gpus_per_replica:
             raise ValueError(
                 f"tensor_parallel_size={self.tensor_parallel_size} exceeds "
@@ -250,8 +250,8 @@ def _catalogue_problems(s: Scenario) -> list[str]:
 def _strategy_problems(s: Scenario) -> list[str]:
     out = []
     for i, strategy in enumerate(s.strategies):
-        if isinstance(strategy.model, str) and strategy.model not in MODELS:
-            continue
+        if isinstance(strategy.model or s.model, str) and (strategy.model or s.model) not in MODELS:
+            continue  # reported by _catalogue_problems
         arch = s.strategy_arch(i)
         where = f"strategies.{i}"
         shared_kv = strategy.kind in SHARED_KV_KINDS
