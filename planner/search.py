@@ -1,0 +1,208 @@
+"""Capacity search under SLOs: pure, driven by an `evaluate` function it is given.
+
+The field's standard method: per candidate replica (GPU kind, TP, engine limits) find the
+largest request rate one replica serves within the SLOs by bisection on the rate, scale out to
+the target rate, then verify the scaled-out deployment (adding replicas while it misses). The
+cheapest verified deployment wins; every trial is kept for the runner-ups and the Pareto front.
+`search` does no I/O and knows nothing of the simulator, so a fake `evaluate` tests it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from planner.slo import Slo, slo_violations
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One configuration to try: a replica's shape and how many replicas."""
+
+    gpu: str
+    tensor_parallel_size: int
+    num_replicas: int = 1
+    max_num_seqs: int = 256
+    max_loras: int = 4
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs of the whole deployment."""
+        return self.tensor_parallel_size * self.num_replicas
+
+
+_DESCENT_FACTOR = 16.0
+_MAX_DESCENTS = 4
+"""A replica that misses the SLOs at 16**-4 of its bound is declared unable to meet them."""
+
+Metrics = Mapping[str, float]
+Evaluate = Callable[[Deployment, float, int], Metrics]
+"""evaluate(deployment, request rate per second, seed) -> metric name -> value."""
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What the search may try and what it must reach."""
+
+    candidates: tuple[Deployment, ...]
+    target_rate_per_s: float
+    price_per_gpu_hour: Mapping[str, float]
+    max_num_replicas: int = 64
+    seeds: tuple[int, ...] = (0, 1, 2)
+    rate_upper_bounds: Mapping[Deployment, float] = field(default_factory=dict)
+    """Analytical bound on one replica's rate, by candidate: bisection starts below it."""
+    rate_tolerance: float = 0.05
+    """Stop bisecting when the bracket's high/low ratio is within 1 + this."""
+    max_bisection_steps: int = 12
+    max_extra_replicas: int = 4
+    """Replicas added beyond the estimate when the scaled-out deployment still misses."""
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One evaluated point: metrics averaged over seeds, with their min and max."""
+
+    deployment: Deployment
+    rate_per_s: float
+    mean: Metrics
+    low: Metrics
+    high: Metrics
+    violations: tuple[str, ...]
+    cost_per_hour_usd: float
+
+    @property
+    def meets_slo(self) -> bool:
+        """True when the seed-averaged metrics satisfy every SLO."""
+        return not self.violations
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The search's answer: the cheapest deployment meeting the SLOs, or why there is none."""
+
+    is_feasible: bool
+    reason: str
+    chosen: Trial | None
+    per_replica_rate_per_s: float
+    runner_ups: tuple[Trial, ...]
+    pareto_front: tuple[Trial, ...]
+    trials: tuple[Trial, ...]
+    capacities: Mapping[Deployment, float]
+
+    @property
+    def cost_per_million_tokens_usd(self) -> float:
+        """Hourly cost over tokens served per hour, per million (NaN without a throughput)."""
+        if self.chosen is None:
+            return math.nan
+        tokens_per_s = self.chosen.mean.get("output_tokens_per_s", math.nan)
+        return self.chosen.cost_per_hour_usd / (tokens_per_s * 3600) * 1e6
+
+
+class _Runner:
+    """Evaluates points over every seed and remembers each trial."""
+
+    def __init__(self, space: SearchSpace, evaluate: Evaluate, slo: Slo):
+        self.space, self.evaluate, self.slo = space, evaluate, slo
+        self.trials: list[Trial] = []
+
+    def trial(self, deployment: Deployment, rate: float) -> Trial:
+        runs = [self.evaluate(deployment, rate, seed) for seed in self.space.seeds]
+        keys = sorted(set.intersection(*(set(r) for r in runs)))
+        values = {k: np.array([r[k] for r in runs], dtype=float) for k in keys}
+        mean = {k: float(v.mean()) for k, v in values.items()}
+        price = self.space.price_per_gpu_hour[deployment.gpu]
+        trial = Trial(deployment, rate, mean, {k: float(v.min()) for k, v in values.items()},
+                      {k: float(v.max()) for k, v in values.items()},
+                      tuple(slo_violations(self.slo, mean)), price * deployment.num_gpus)
+        self.trials.append(trial)
+        return trial
+
+
+def replica_capacity(runner: _Runner, candidate: Deployment) -> float:
+    """Largest verified rate one replica serves within the SLOs (0.0 if even a trickle fails)."""
+    space = runner.space
+    one = replace(candidate, num_replicas=1)
+    high = space.rate_upper_bounds.get(candidate, space.target_rate_per_s)
+    if runner.trial(one, high).meets_slo:
+        return high  # the bound (or the whole target) fits: no need to look higher
+    low = high
+    for _ in range(_MAX_DESCENTS):  # step down until a rate passes, to bracket the capacity
+        high, low = low, low / _DESCENT_FACTOR
+        if runner.trial(one, low).meets_slo:
+            break
+    else:
+        return 0.0
+    for _ in range(space.max_bisection_steps):
+        if high / low <= 1 + space.rate_tolerance:
+            break
+        mid = math.sqrt(low * high)  # bisect in log space: rates span orders of magnitude
+        if runner.trial(one, mid).meets_slo:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def _scale_out(runner: _Runner, candidate: Deployment, capacity: float) -> Trial | None:
+    """Smallest replica count (from the capacity estimate up) verified at the target rate."""
+    space = runner.space
+    estimate = max(1, math.ceil(space.target_rate_per_s / capacity))
+    last = min(space.max_num_replicas, estimate + space.max_extra_replicas)
+    for num_replicas in range(estimate, last + 1):
+        trial = runner.trial(replace(candidate, num_replicas=num_replicas),
+                             space.target_rate_per_s)
+        if trial.meets_slo:
+            return trial
+    return None
+
+
+def pareto_front(trials: list[Trial], latency_key: str = "e2e_p99_s") -> tuple[Trial, ...]:
+    """Trials no other trial beats on both cost per hour and p99 latency (pass trials run at the
+    same rate: cost and latency only compare under the same load)."""
+    points = [t for t in trials if latency_key in t.mean]
+    front = [
+        t for t in points
+        if not any(o.cost_per_hour_usd <= t.cost_per_hour_usd
+                   and o.mean[latency_key] <= t.mean[latency_key]
+                   and (o.cost_per_hour_usd, o.mean[latency_key])
+                   != (t.cost_per_hour_usd, t.mean[latency_key]) for o in points)
+    ]
+    return tuple(sorted(front, key=lambda t: t.cost_per_hour_usd))
+
+
+def search(space: SearchSpace, evaluate: Evaluate, slo: Slo) -> Plan:
+    """The cheapest deployment that serves `space.target_rate_per_s` within `slo`."""
+    runner = _Runner(space, evaluate, slo)
+    capacities: dict[Deployment, float] = {}
+    verified: list[Trial] = []
+    reasons: list[str] = []
+    for candidate in space.candidates:
+        capacity = replica_capacity(runner, candidate)
+        capacities[candidate] = capacity
+        if capacity == 0.0:
+            reasons.append(f"{_describe(candidate)}: misses the SLOs even at a trickle of load")
+            continue
+        trial = _scale_out(runner, candidate, capacity)
+        if trial is None:
+            reasons.append(f"{_describe(candidate)}: needs more than "
+                           f"{space.max_num_replicas} replicas or never verifies")
+        else:
+            verified.append(trial)
+    ranked = sorted(verified, key=lambda t: (t.cost_per_hour_usd, t.mean.get("e2e_p99_s", 0.0)))
+    at_target = [t for t in runner.trials if t.rate_per_s == space.target_rate_per_s]
+    front = pareto_front(at_target)
+    if not ranked:
+        return Plan(False, "no deployment meets the SLOs: " + "; ".join(reasons), None, 0.0,
+                    (), front, tuple(runner.trials), capacities)
+    best = ranked[0]
+    base = replace(best.deployment, num_replicas=1)
+    return Plan(True, "cheapest verified deployment", best, capacities[base],
+                tuple(ranked[1:]), front, tuple(runner.trials), capacities)
+
+
+def _describe(d: Deployment) -> str:
+    return (f"{d.gpu} TP={d.tensor_parallel_size} max_num_seqs={d.max_num_seqs} "
+            f"max_loras={d.max_loras}")
