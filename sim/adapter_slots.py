@@ -1,0 +1,66 @@
+"""Adapter residency: max_loras GPU slots (LRU, pinned while a sequence runs) over a CPU cache.
+
+A step can hold at most max_loras distinct adapters because a running sequence pins its
+adapter's slot. Loading an adapter into a slot costs its bytes over PCIe; an adapter missing
+from the CPU cache (max_cpu_loras, LRU) counts as a cold load.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+NO_ADAPTER = -1
+
+
+class AdapterSlots:
+    """GPU slots and CPU cache of one replica."""
+
+    def __init__(self, max_loras: int, max_cpu_loras: int, load_s: list[float]):
+        self.max_loras = max_loras
+        self.max_cpu_loras = max_cpu_loras
+        self._load_s = load_s
+        self._gpu: OrderedDict[int, int] = OrderedDict()  # adapter -> sequences pinning it
+        self._cpu: OrderedDict[int, None] = OrderedDict()
+        self.num_loads = 0
+        self.num_cold_loads = 0
+
+    @property
+    def resident(self) -> tuple[int, ...]:
+        """Adapters in GPU slots, least recently used first."""
+        return tuple(self._gpu)
+
+    def is_resident(self, adapter: int) -> bool:
+        """Whether `adapter` already sits in a GPU slot."""
+        return adapter in self._gpu
+
+    def can_activate(self, adapter: int) -> bool:
+        """Whether a sequence using `adapter` could start now."""
+        if adapter == NO_ADAPTER or adapter in self._gpu or len(self._gpu) < self.max_loras:
+            return True
+        return any(pins == 0 for pins in self._gpu.values())
+
+    def activate(self, adapter: int) -> float:
+        """Pin `adapter` for one sequence; seconds of loading it (0 when resident)."""
+        if adapter == NO_ADAPTER:
+            return 0.0
+        if adapter in self._gpu:
+            self._gpu[adapter] += 1
+            self._gpu.move_to_end(adapter)
+            return 0.0
+        if len(self._gpu) >= self.max_loras:
+            victim = next(a for a, pins in self._gpu.items() if pins == 0)
+            del self._gpu[victim]
+        self._gpu[adapter] = 1
+        self.num_loads += 1
+        if adapter not in self._cpu:
+            self.num_cold_loads += 1
+            if len(self._cpu) >= self.max_cpu_loras:
+                self._cpu.popitem(last=False)
+        self._cpu[adapter] = None
+        self._cpu.move_to_end(adapter)
+        return self._load_s[adapter]
+
+    def release(self, adapter: int) -> None:
+        """Unpin `adapter` for one sequence (it stays resident until evicted)."""
+        if adapter != NO_ADAPTER:
+            self._gpu[adapter] -= 1

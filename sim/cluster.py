@@ -1,0 +1,48 @@
+"""Replicas behind a request router, and where a hop runs under prefill/decode disaggregation.
+
+Policies: round robin; least outstanding requests; affinity (the replica that served the
+conversation last, which holds its prefix, unless it is much busier than the least loaded one;
+then a replica whose GPU slots already hold the adapter). Multi-agent deployments give each
+agent (domain) its own group of replicas; a turn picks within its agent's group.
+"""
+
+from __future__ import annotations
+
+from sim.replica import Replica
+
+AFFINITY_MAX_EXTRA_OUTSTANDING = 8
+"""Affinity gives up the conversation's replica when it has this many more requests queued."""
+
+
+class Router:
+    """Chooses a replica for a turn from a group of candidates."""
+
+    def __init__(self, policy: str, replicas: list[Replica], groups: list[list[int]]):
+        self.policy, self.replicas, self.groups = policy, replicas, groups
+        self._next = [0] * len(groups)
+
+    def choose(self, group: int, adapter: int, last_replica: int | None) -> Replica:
+        """The replica for a turn of `group`'s candidates."""
+        candidates = self.groups[group % len(self.groups)]
+        if len(candidates) == 1:
+            return self.replicas[candidates[0]]
+        if self.policy == "round_robin":
+            index = self._next[group] % len(candidates)
+            self._next[group] += 1
+            return self.replicas[candidates[index]]
+        loads = {i: self.replicas[i].engine.num_outstanding for i in candidates}
+        least = min(candidates, key=lambda i: (loads[i], i))
+        if self.policy == "affinity":
+            limit = loads[least] + AFFINITY_MAX_EXTRA_OUTSTANDING
+            if last_replica in loads and loads[last_replica] <= limit:
+                return self.replicas[last_replica]
+            holders = [i for i in candidates
+                       if self.replicas[i].engine.slots.is_resident(adapter) and loads[i] <= limit]
+            if holders:
+                return self.replicas[min(holders, key=lambda i: (loads[i], i))]
+        return self.replicas[least]
+
+
+def replica_groups(num_replicas: int, num_groups: int) -> list[list[int]]:
+    """Replica indices per group, dealt round robin (group g gets g, g + n, ...)."""
+    return [list(range(g, num_replicas, num_groups)) for g in range(num_groups)]

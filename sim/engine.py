@@ -1,0 +1,276 @@
+"""One replica's scheduler as plain state: continuous batching in the manner of vLLM's.
+
+Each step: running sequences first (decodes and unfinished prefill chunks, in admission order),
+preempting the most recently admitted sequence (recompute: its blocks are dropped) when a block
+is missing; then, if nothing was preempted, waiting sequences in arrival order while the token
+budget, max_num_seqs, KV blocks and adapter slots allow (a sequence whose adapter finds no slot
+is skipped, as vLLM does; any other shortage stops admission). `commit` applies a step, or a run
+of identical decode steps, after its time has passed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sim.adapter_slots import AdapterSlots
+from sim.config import EngineLimits
+from sim.kv_blocks import KvBlockManager
+from sim.sequence import Sequence
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What one engine step computes."""
+
+    prefills: list[tuple[Sequence, int]] = field(default_factory=list)
+    """(sequence, tokens computed) for prompt or recompute chunks."""
+    decodes: list[Sequence] = field(default_factory=list)
+    """Sequences decoding one step."""
+    replays: list[Sequence] = field(default_factory=list)
+    """Sequences whose bounded replay runs in this step."""
+    num_routing_decisions: int = 0
+    adapter_load_s: float = 0.0
+    num_admitted: int = 0
+    num_preempted: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing to compute."""
+        return not (self.prefills or self.decodes)
+
+    @property
+    def is_pure_decode(self) -> bool:
+        """Only decode tokens and nothing that changes the batch: repeatable until an event."""
+        return bool(self.decodes) and not (
+            self.prefills or self.replays or self.num_routing_decisions or self.adapter_load_s
+            or self.num_admitted or self.num_preempted)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Engine:
+    """Waiting and running sequences, the KV pool and the adapter slots of one replica."""
+
+    def __init__(self, limits: EngineLimits, num_kv_blocks: int, adapter_load_s: list[float]):
+        self.limits = limits
+        self.block_size = limits.block_size
+        self.kv = KvBlockManager(num_kv_blocks, limits.block_size, limits.enable_prefix_caching)
+        self.slots = AdapterSlots(limits.max_loras, limits.max_cpu_loras, adapter_load_s)
+        self.running: list[Sequence] = []
+        self.waiting: deque[Sequence] = deque()
+        self.num_tokens_per_decode_step = limits.num_tokens_per_decode_step
+        self.num_decode_compute_tokens = 1 + limits.num_speculative_tokens
+        self.num_preemptions = 0
+
+    @property
+    def num_outstanding(self) -> int:
+        """Sequences admitted or waiting."""
+        return len(self.running) + len(self.waiting)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence (FCFS)."""
+        self.waiting.append(seq)
+
+    def schedule(self, now: float) -> StepPlan:
+        """Choose the next step's work and reserve its KV blocks."""
+        plan = StepPlan()
+        budget = self._schedule_running(plan, self.limits.max_num_batched_tokens, now)
+        if plan.num_preempted == 0:
+            self._admit(plan, budget, now)
+        return plan
+
+    def _decode_tokens(self, seq: Sequence) -> int:
+        return min(self.num_tokens_per_decode_step,
+                   seq.num_output_tokens - seq.num_generated_tokens)
+
+    def _schedule_running(self, plan: StepPlan, budget: int, now: float) -> int:
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            if seq.is_prefilling:
+                num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+                cost = num_new
+            else:
+                num_new, cost = self._decode_tokens(seq), self.num_decode_compute_tokens
+            if num_new <= 0 or cost > budget:
+                i += 1
+                continue
+            need = _ceil_div(seq.num_computed_tokens + num_new, self.block_size)
+            need -= len(seq.block_keys)
+            while need > self.kv.num_free and self.running[-1] is not seq:
+                self._preempt(self.running[-1], plan)
+            if need > self.kv.num_free:
+                self._preempt(seq, plan)
+                continue
+            self.kv.allocate(need)
+            seq.block_keys.extend([None] * need)
+            if seq.is_prefilling:
+                plan.prefills.append((seq, num_new))
+                self._note_prompt_end(seq, num_new, plan)
+            else:
+                plan.decodes.append(seq)
+            budget -= cost
+            i += 1
+        return budget
+
+    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
+        """Recompute preemption: drop the sequence's KV and queue it first."""
+        self.running.remove(seq)
+        self.kv.release(seq.block_keys)
+        self.slots.release(seq.adapter)
+        seq.block_keys = []
+        seq.num_registered_blocks = 0
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        plan.num_preempted += 1
+        self.waiting.appendleft(seq)
+
+    def _note_prompt_end(self, seq: Sequence, num_new: int, plan: StepPlan) -> None:
+        if seq.num_computed_tokens + num_new == seq.num_tokens and not seq.is_routing_done:
+            plan.num_routing_decisions += seq.num_routing_decisions
+            seq.is_routing_done = True
+
+    def _cached_prefix(self, seq: Sequence) -> list:
+        if seq.num_computed_tokens or not self.kv.enable_prefix_caching:
+            return []
+        keys = []
+        for index in range((seq.num_tokens - 1) // self.block_size):
+            key = seq.block_key(index, self.block_size)
+            if key is None:
+                break
+            keys.append(key)
+        return keys[: self.kv.count_cached_prefix(keys)]
+
+    def _admit(self, plan: StepPlan, budget: int, now: float) -> None:
+        skipped: list[Sequence] = []
+        while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
+            seq = self.waiting[0]
+            if not self.slots.can_activate(seq.adapter):
+                skipped.append(self.waiting.popleft())
+                continue
+            cost = self._try_admit(seq, plan, budget, now)
+            if cost == 0:
+                break
+            self.waiting.popleft()
+            budget -= cost
+        self.waiting.extendleft(reversed(skipped))
+
+    def _try_admit(self, seq: Sequence, plan: StepPlan, budget: int, now: float) -> int:
+        """Admit `seq` into this step if everything it needs is free; its token cost, or 0."""
+        bs = self.block_size
+        hits = self._cached_prefix(seq)
+        done = len(hits) * bs
+        if seq.is_kv_preloaded and seq.num_preemptions == 0:
+            done = seq.num_tokens - 1  # the prompt's KV arrived with the request
+        pending = seq.num_tokens - done
+        is_decode = seq.num_generated_tokens > 0 and pending == 1
+        num_new = self._decode_tokens(seq) if is_decode else min(pending, budget)
+        cost = self.num_decode_compute_tokens if is_decode else num_new
+        if cost > budget or (num_new < pending and not self.limits.enable_chunked_prefill):
+            return 0
+        need = _ceil_div(done + num_new, bs) - len(hits)
+        if need + self.kv.count_evictable(hits) > self.kv.num_free:
+            return 0
+        self.kv.acquire_cached(hits)
+        self.kv.allocate(need)
+        seq.block_keys = hits + [None] * need
+        seq.num_registered_blocks = len(hits)
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens = len(hits) * bs
+        seq.num_computed_tokens = done
+        load_s = self.slots.activate(seq.adapter)
+        seq.adapter_load_s += load_s
+        plan.adapter_load_s += load_s
+        if seq.first_scheduled_s < 0:
+            seq.first_scheduled_s = now
+        if seq.num_replay_tokens and not seq.is_replay_done:
+            seq.is_replay_done = True
+            plan.replays.append(seq)
+        self.running.append(seq)
+        plan.num_admitted += 1
+        if is_decode:
+            plan.decodes.append(seq)
+        else:
+            plan.prefills.append((seq, num_new))
+            self._note_prompt_end(seq, num_new, plan)
+        return cost
+
+    def max_decode_run_steps(self, plan: StepPlan) -> int:
+        """Steps the pure-decode `plan` can repeat before a sequence finishes or KV runs out."""
+        adv = self.num_tokens_per_decode_step
+        seqs = plan.decodes
+        remaining = np.array([s.num_output_tokens - s.num_generated_tokens for s in seqs])
+        computed = np.array([s.num_computed_tokens for s in seqs])
+        held = np.array([len(s.block_keys) for s in seqs])
+        num_steps = int((-(-remaining // adv)).min())
+        free = self.kv.num_free
+
+        def extra_blocks(k: int) -> int:
+            total = computed + np.minimum(k * adv, remaining)
+            return int(np.maximum(0, -(-total // self.block_size) - held).sum())
+
+        if extra_blocks(num_steps) <= free:
+            return num_steps
+        lo, hi = 1, num_steps  # extra_blocks(lo) == 0 <= free < extra_blocks(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if extra_blocks(mid) <= free else (lo, mid)
+        return lo
+
+    def commit(self, plan: StepPlan, num_steps: int, now: float) -> list[Sequence]:
+        """Apply `plan` repeated `num_steps` times (decode runs only) ending at `now`."""
+        finished = []
+        for seq, num_new in plan.prefills:
+            seq.num_computed_tokens += num_new
+            seq.num_prefill_tokens_computed += num_new
+            if seq.num_computed_tokens == seq.num_tokens:
+                self._register_full_blocks(seq)
+                if seq.num_output_tokens > 0:
+                    seq.num_generated_tokens += 1
+                    if seq.first_token_s < 0:
+                        seq.first_token_s = now
+            if seq.is_finished:
+                finished.append(seq)
+        bs, adv = self.block_size, self.num_tokens_per_decode_step
+        for seq in plan.decodes:
+            emitted = min(adv * num_steps, seq.num_output_tokens - seq.num_generated_tokens)
+            seq.num_computed_tokens += emitted
+            seq.num_generated_tokens += emitted
+            need = _ceil_div(seq.num_computed_tokens, bs) - len(seq.block_keys)
+            if need > 0:
+                self.kv.allocate(need)
+                seq.block_keys.extend([None] * need)
+            if seq.first_token_s < 0:
+                seq.first_token_s = now
+            if seq.is_finished:
+                finished.append(seq)
+        for seq in finished:
+            self._finish(seq, now)
+        return finished
+
+    def _register_full_blocks(self, seq: Sequence) -> None:
+        if seq.last_layer >= 0:
+            return  # a pass over some layers only leaves no reusable whole-model KV
+        bs = self.block_size
+        num_full = seq.num_computed_tokens // bs
+        for index in range(seq.num_registered_blocks, num_full):
+            key = seq.block_key(index, bs)
+            if key is None:
+                break
+            if seq.block_keys[index] is None and self.kv.register(key):
+                seq.block_keys[index] = key
+        seq.num_registered_blocks = num_full
+
+    def _finish(self, seq: Sequence, now: float) -> None:
+        self._register_full_blocks(seq)
+        self.running.remove(seq)
+        self.kv.release(seq.block_keys)
+        self.slots.release(seq.adapter)
+        seq.block_keys = []
+        seq.finish_s = now

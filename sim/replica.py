@@ -1,0 +1,106 @@
+"""The SimPy process of one replica: plan a step, wait its time, commit, repeat.
+
+In fast mode a step holding only decodes is repeated as one run up to the next event that could
+change the batch (a sequence finishing, KV running out); a sequence submitted during a run cuts it
+at the first step boundary at or after its arrival, exactly where the step-by-step reference
+would first see it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import simpy
+
+from sim.engine import Engine
+from sim.sequence import Sequence
+from sim.step_pricer import StepPricer
+
+
+class SimulationError(RuntimeError):
+    """The simulation cannot go on (a request that can never be scheduled, a bound hit)."""
+
+
+class StepCounter:
+    """Engine steps summed over replicas, with the bound that stops a runaway run."""
+
+    def __init__(self, max_steps: int):
+        self.max_steps = max_steps
+        self.num_steps = 0
+        self.num_events = 0
+
+    def add(self, num_steps: int) -> None:
+        """Count steps; raise when the bound is passed."""
+        self.num_steps += num_steps
+        self.num_events += 1
+        if self.num_steps > self.max_steps:
+            raise SimulationError(
+                f"bounds.max_engine_steps={self.max_steps} reached; raise it or shorten the "
+                f"workload")
+
+
+class Replica:
+    """One engine replica driven by a SimPy process."""
+
+    def __init__(self, env: simpy.Environment, index: int, engine: Engine, pricer: StepPricer,
+                 counter: StepCounter, on_sample: Callable[[Replica, float, int], None]):
+        self.env, self.index, self.engine, self.pricer = env, index, engine, pricer
+        self.counter, self.on_sample = counter, on_sample
+        self.busy_s = 0.0
+        self._wakeup: simpy.Event | None = None
+        self._is_in_run = False
+        self.process = env.process(self._loop())
+
+    def submit(self, seq: Sequence) -> None:
+        """Hand a sequence to this replica now."""
+        seq.replica = self.index
+        self.engine.add(seq)
+        if self._wakeup is not None and not self._wakeup.triggered:
+            self._wakeup.succeed()
+        elif self._is_in_run:
+            self._is_in_run = False
+            self.process.interrupt()
+
+    def _loop(self):
+        env, engine = self.env, self.engine
+        while True:
+            if not engine.num_outstanding:
+                self._wakeup = env.event()
+                yield self._wakeup
+                self._wakeup = None
+            plan = engine.schedule(env.now)
+            if plan.is_empty:
+                raise SimulationError(_stuck_message(engine))
+            start = env.now
+            if self.pricer.is_fast and plan.is_pure_decode:
+                num_steps = yield from self._decode_run(plan, start)
+            else:
+                num_steps = 1
+                yield env.timeout(self.pricer.step_s(plan))
+            self.busy_s += env.now - start
+            self.counter.add(num_steps)
+            self.on_sample(self, env.now, len(plan.decodes) + len(plan.prefills))
+            for seq in engine.commit(plan, num_steps, env.now):
+                seq.done.succeed()
+
+    def _decode_run(self, plan, start: float):
+        """Wait out a run of decode steps; return how many steps ran."""
+        max_steps = self.engine.max_decode_run_steps(plan)
+        run = self.pricer.decode_run(plan, max_steps)
+        self._is_in_run = max_steps > 1
+        try:
+            yield self.env.timeout(run.elapsed_s(max_steps))
+            self._is_in_run = False
+            return max_steps
+        except simpy.Interrupt:
+            num_steps = run.steps_to_reach(self.env.now - start, max_steps)
+            yield self.env.timeout(max(0.0, start + run.elapsed_s(num_steps) - self.env.now))
+            return num_steps
+
+
+def _stuck_message(engine: Engine) -> str:
+    seq = engine.waiting[0]
+    return (f"sequence {seq.seq_id} ({seq.hop}, {seq.num_tokens} tokens) can never be scheduled: "
+            f"KV pool has {engine.kv.num_blocks} blocks of {engine.block_size} tokens, "
+            f"max_num_batched_tokens={engine.limits.max_num_batched_tokens}, chunked prefill "
+            f"{'on' if engine.limits.enable_chunked_prefill else 'off'}")

@@ -1,0 +1,106 @@
+"""One engine request (a "sequence", as vLLM calls it) and how its KV blocks are named.
+
+A sequence prefills `num_prompt_tokens`, then decodes `num_output_tokens` (0 for a pass that only
+exposes a layer's state). Its leading `num_stream_prompt_tokens` come from a conversation's text
+stream, so their full blocks are cacheable under (namespace, stream, block index); a tail of
+private tokens (a route prompt, option descriptions) is never shared. When the outputs continue
+the stream (a reply), their blocks become cacheable too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+PRIVATE_STREAM = -1
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """One request inside an engine, with its progress."""
+
+    seq_id: int
+    hop: str
+    """What the request is for: answer, route, summary, routing_prefill, handover, ..."""
+    adapter: int
+    """Adapter applied (-1: none)."""
+    kv_namespace: int
+    """Prefix-cache namespace: the adapter when KV depends on it, -1 when it is shared."""
+    num_prompt_tokens: int
+    num_output_tokens: int
+    submit_s: float
+    stream_id: int = PRIVATE_STREAM
+    num_stream_prompt_tokens: int = 0
+    is_output_in_stream: bool = False
+    hash_ids: tuple[int, ...] | None = None
+    """Trace prefix-block ids (Mooncake); they replace (stream, index) as block names."""
+    hash_block_tokens: int = 512
+    first_layer: int = 0
+    last_layer: int = -1
+    """One past the last layer the prefill runs (-1: every layer)."""
+    is_prefill_adapted: bool = True
+    is_decode_adapted: bool = True
+    num_replay_tokens: int = 0
+    """Bounded replay run with the first prefill step (a CED switch)."""
+    num_replay_context_tokens: int = 0
+    num_routing_decisions: int = 0
+    """Routing-head decisions priced in the step that completes the prompt."""
+    is_kv_preloaded: bool = False
+    """The prompt's KV arrived by transfer (disaggregated decode): allocate, do not compute."""
+    owner: Any = None
+    """The turn (or other caller) this sequence belongs to."""
+    done: Any = None
+    """Event triggered when the sequence finishes."""
+    # progress
+    num_computed_tokens: int = 0
+    num_generated_tokens: int = 0
+    block_keys: list[Hashable | None] = field(default_factory=list)
+    num_registered_blocks: int = 0
+    num_cached_tokens: int = 0
+    num_prefill_tokens_computed: int = 0
+    num_preemptions: int = 0
+    adapter_load_s: float = 0.0
+    is_replay_done: bool = False
+    is_routing_done: bool = False
+    first_scheduled_s: float = -1.0
+    first_token_s: float = -1.0
+    finish_s: float = -1.0
+    replica: int = -1
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus tokens generated so far."""
+        return self.num_prompt_tokens + self.num_generated_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        """Whether prompt (or recompute) tokens remain: not a one-token decode step."""
+        return self.num_generated_tokens == 0 or self.num_tokens - self.num_computed_tokens > 1
+
+    @property
+    def is_finished(self) -> bool:
+        """Whether every output token (or, without outputs, the prompt) is done."""
+        if self.num_output_tokens == 0:
+            return self.num_computed_tokens >= self.num_prompt_tokens
+        return self.num_generated_tokens >= self.num_output_tokens
+
+    @property
+    def num_stream_tokens(self) -> int:
+        """Leading tokens that belong to the shared text stream (cacheable when full)."""
+        if self.is_output_in_stream and self.num_stream_prompt_tokens == self.num_prompt_tokens:
+            return self.num_prompt_tokens + self.num_generated_tokens
+        return self.num_stream_prompt_tokens
+
+    def block_key(self, index: int, block_size: int) -> Hashable | None:
+        """Cache key of block `index`, or None when the block holds private tokens."""
+        if (index + 1) * block_size > self.num_stream_tokens:
+            return None
+        if self.hash_ids is not None:
+            trace_block = index * block_size // self.hash_block_tokens
+            if trace_block >= len(self.hash_ids):
+                return None
+            return (self.kv_namespace, self.hash_ids[trace_block], index)
+        if self.stream_id == PRIVATE_STREAM:
+            return None
+        return (self.kv_namespace, self.stream_id, index)

@@ -1,0 +1,180 @@
+"""`simulate(config, workload) -> SimResult`: build replicas, router and conversations, run, and
+return the metric tables. Writes no files; all randomness was spent building the workload.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import pandas as pd
+import simpy
+
+from sim.cluster import Router, replica_groups
+from sim.config import SimConfig
+from sim.cost_profile import CostProfile, create_cost_profile
+from sim.disaggregation import Disaggregation
+from sim.engine import Engine
+from sim.memory_model import memory_breakdown
+from sim.metrics import MetricsRecorder, summarize
+from sim.replica import Replica, SimulationError, StepCounter
+from sim.step_pricer import StepPricer
+from sim.turns import TurnDriver
+from sim.workloads import Workload
+
+
+class SimInputError(ValueError):
+    """The configuration or workload cannot be simulated; one line per problem, field first."""
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    """Tables and summary of one run."""
+
+    requests: pd.DataFrame
+    """One row per engine sequence (each hop of each turn)."""
+    turns: pd.DataFrame
+    """One row per user turn: arrival, TTFT, TPOT, end-to-end, hop breakdown, recompute."""
+    timeseries: pd.DataFrame
+    """Per replica over time: running, waiting, batch, KV blocks, resident adapters, loads."""
+    kv_by_namespace: pd.DataFrame
+    """KV blocks held per namespace (adapter id; -1 shared) per replica over time."""
+    summary: dict
+    """Throughput, percentiles, goodput."""
+    stats: dict = field(default_factory=dict)
+    """How the run went: engine steps, events, wall seconds, KV blocks per replica."""
+
+    def summary_frame(self) -> pd.DataFrame:
+        """The summary as a one-row DataFrame."""
+        return pd.DataFrame([self.summary])
+
+
+def resolve_num_kv_blocks(config: SimConfig) -> int:
+    """KV blocks per replica: the override, or what vLLM would allocate."""
+    if config.engine.num_kv_blocks is not None:
+        return config.engine.num_kv_blocks
+    e = config.engine
+    mem = memory_breakdown(
+        config.arch, config.gpu, tensor_parallel_size=config.tensor_parallel_size,
+        gpu_memory_utilization=e.gpu_memory_utilization, max_num_seqs=e.max_num_seqs,
+        max_num_batched_tokens=e.max_num_batched_tokens, block_size=e.block_size,
+        max_loras=e.max_loras, max_lora_rank=e.max_lora_rank,
+        uses_lora=config.strategy.adapter_kind != "none")
+    return mem.num_kv_blocks
+
+
+def create_profile(config: SimConfig) -> CostProfile:
+    """The cost profile of the strategy's model and adapter shape."""
+    s = config.strategy
+    return create_cost_profile(
+        config.arch, config.gpu, config.tensor_parallel_size, adapter_kind=s.adapter_kind,
+        adapter_rank=s.adapter_rank, adapter_placements=list(s.adapter_placements),
+        num_head_params=s.num_head_params)
+
+
+def _longest_sequence_tokens(config: SimConfig, workload: Workload) -> int:
+    s = config.strategy
+    extra = {"mol": s.num_route_prompt_tokens + s.num_route_decode_tokens + s.max_summary_tokens,
+             "contextual_mol": s.num_domains * s.num_option_description_tokens}
+    return workload.max_context_tokens() + extra.get(s.kind, 0)
+
+
+def validate_inputs(config: SimConfig, workload: Workload, num_kv_blocks: int) -> None:
+    """Raise SimInputError naming every reason the run cannot go ahead."""
+    problems = []
+    if workload.num_turns == 0:
+        problems.append("workload: no requests to simulate")
+    elif (workload.turn_domain < 0).any():
+        problems.append("workload.turn_domain: negative domain index")
+    if num_kv_blocks < 1:
+        problems.append(f"engine: model {config.arch.name!r} leaves no KV block on "
+                        f"{config.gpu.name} at tensor_parallel_size="
+                        f"{config.tensor_parallel_size}")
+    if problems:
+        raise SimInputError("\n".join(problems))
+    longest = _longest_sequence_tokens(config, workload)
+    capacity = num_kv_blocks * config.engine.block_size
+    if longest > capacity:
+        problems.append(f"workload: a request reaches {longest} tokens of context but the KV "
+                        f"pool holds {capacity} tokens ({num_kv_blocks} blocks); allowed: "
+                        f"<= {capacity}")
+    if workload.max_context_tokens() > config.arch.max_context_tokens:
+        problems.append(f"workload: a conversation reaches {workload.max_context_tokens()} "
+                        f"tokens, longer than {config.arch.name!r} allows "
+                        f"({config.arch.max_context_tokens})")
+    if not config.engine.enable_chunked_prefill and longest > config.engine.max_num_batched_tokens:
+        problems.append(f"engine.enable_chunked_prefill: off, but a prompt of {longest} tokens "
+                        f"exceeds max_num_batched_tokens={config.engine.max_num_batched_tokens}")
+    if problems:
+        raise SimInputError("\n".join(problems))
+
+
+def _adapter_load_s(config: SimConfig) -> list[float]:
+    pcie = config.gpu.pcie_bandwidth_bytes_per_s
+    return [a.num_bytes_per_gpu / pcie for a in config.strategy.adapters] or [0.0]
+
+
+def _build_replicas(env, config: SimConfig, pricer: StepPricer, num_kv_blocks: int,
+                    counter: StepCounter, recorder: MetricsRecorder, num: int) -> list[Replica]:
+    return [Replica(env, i, Engine(config.engine, num_kv_blocks, _adapter_load_s(config)),
+                    pricer, counter, recorder.on_sample) for i in range(num)]
+
+
+def simulate(config: SimConfig, workload: Workload, *, timeseries_interval_s: float = 1.0,
+             slo: dict | None = None) -> SimResult:
+    """Simulate `workload` served under `config`; `slo` holds ttft/tpot/e2e_slo_s for goodput."""
+    wall_start = time.perf_counter()
+    num_kv_blocks = resolve_num_kv_blocks(config)
+    validate_inputs(config, workload, num_kv_blocks)
+    profile = create_profile(config)
+    ced = config.arch.ced
+    pricer = StepPricer(
+        config.coeffs, profile, replay_first_layer=ced.num_encoder_layers if ced else 0,
+        num_decode_compute_tokens=1 + config.engine.num_speculative_tokens,
+        num_tokens_per_decode_step=config.engine.num_tokens_per_decode_step,
+        is_fast=config.mode == "fast")
+    env = simpy.Environment()
+    counter = StepCounter(config.bounds.max_engine_steps)
+    recorder = MetricsRecorder(timeseries_interval_s)
+    cluster, disaggregation = config.cluster, None
+    if cluster.disaggregation is None:
+        replicas = _build_replicas(env, config, pricer, num_kv_blocks, counter, recorder,
+                                   cluster.num_replicas)
+        num_groups = config.strategy.num_domains if config.strategy.kind == "multi_agent" else 1
+        if len(replicas) < num_groups:
+            raise SimInputError(f"cluster.num_replicas: multi_agent needs one replica per agent "
+                                f"({num_groups}), got {len(replicas)}")
+        router = Router(cluster.router, replicas, replica_groups(len(replicas), num_groups))
+    else:
+        d = cluster.disaggregation
+        prefill = _build_replicas(env, config, pricer, num_kv_blocks, counter, recorder,
+                                  d.num_prefill_workers)
+        decode = _build_replicas(env, config, pricer, num_kv_blocks, counter, recorder,
+                                 d.num_decode_workers)
+        for i, replica in enumerate(decode):
+            replica.index = len(prefill) + i
+        router = Router(cluster.router, prefill, [list(range(len(prefill)))])
+        disaggregation = Disaggregation(config, d, Router(cluster.router, decode,
+                                                          [list(range(len(decode)))]))
+        replicas = prefill + decode
+    driver = TurnDriver(env, config, workload, router, recorder, disaggregation)
+    env.process(driver.arrivals())
+    env.run(until=config.bounds.max_simulated_time_s)
+    if len(recorder.turns) < workload.num_turns:
+        raise SimulationError(
+            f"bounds.max_simulated_time_s={config.bounds.max_simulated_time_s} reached with "
+            f"{workload.num_turns - len(recorder.turns)} of {workload.num_turns} turns "
+            f"unfinished; the deployment is overloaded or the bound is too short")
+    frames = recorder.frames()
+    slo = slo or {}
+    summary = summarize(frames["turns"], frames["requests"], **slo)
+    busy = sum(r.busy_s for r in replicas)
+    summary["mean_replica_utilization"] = busy / (len(replicas) * max(summary["duration_s"],
+                                                                      1e-12))
+    stats = dict(num_engine_steps=counter.num_steps, num_engine_events=counter.num_events,
+                 num_predict_calls=pricer.num_predict_calls, num_kv_blocks=num_kv_blocks,
+                 num_replicas=len(replicas), wall_s=time.perf_counter() - wall_start,
+                 simulated_s=env.now if math.isfinite(env.now) else None)
+    return SimResult(frames["requests"], frames["turns"], frames["timeseries"],
+                     frames["kv_by_namespace"], summary, stats)
