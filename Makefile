@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # The test environment carries every extra whose real parts the tests run.
-TEST_EXTRAS ?= test,engine
+TEST_EXTRAS ?= test,engine,dist
 
 .PHONY: demo test lint clean
 

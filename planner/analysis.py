@@ -240,3 +240,24 @@ def tidy(comparisons: dict[str, pd.DataFrame]) -> pd.DataFrame:
     out = pd.concat(frames, ignore_index=True)
     first = ["comparison", *keys, "metric", "value"]
     return out[first + [c for c in out.columns if c not in first]]
+
+
+def strategy_summary(scenario: Scenario) -> pd.DataFrame:
+    """One row per strategy at the analysis turn: decision, switch, decode step, KV, capacity."""
+    a, e = scenario.analysis, scenario.engine
+    ctx = a.num_turn_context_tokens
+    memory = memory_summary(scenario).set_index("strategy")
+    rows = []
+    for strategy, costing in _costings(scenario):
+        switch, mechanism = switch_cost_s(scenario, strategy, costing, ctx)
+        visited = max(1, _num_options(strategy))
+        kv = conversation_kv(costing.arch, strategy.kind, ctx, visited, e.block_size)
+        rows.append(dict(
+            _labels(strategy, costing), gpu=costing.gpu.name,
+            decision_s=decision_time_s(scenario, strategy, costing, ctx),
+            switch_s=switch, switch_mechanism=mechanism,
+            decode_step_s=_tpot_s(scenario, strategy, costing, ctx),
+            kv_gib_per_conversation=kv.total_bytes / GIB,
+            num_kv_tokens=int(memory.loc[costing.label, "num_kv_tokens"]),
+        ))
+    return pd.DataFrame(rows)

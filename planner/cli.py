@@ -80,5 +80,38 @@ def run(
         _fail(problems)
 
 
+@app.command()
+def sweep(
+    spec: Annotated[Path, typer.Argument(help="Sweep spec YAML.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output root folder.")] = Path("out"),
+    backend: Annotated[str, typer.Option(help="local (processes), ray, or inline.")] = "local",
+    address: Annotated[str | None, typer.Option(help="Ray cluster address.")] = None,
+    workers: Annotated[int | None, typer.Option(help="Local worker processes.")] = None,
+):
+    """Run (or resume) a sweep: every point of the grid, a tidy table and a report."""
+    from planner.sweep_run import run_sweep
+
+    if backend not in ("local", "ray", "inline"):
+        _fail([f"--backend: {backend!r} is not allowed; allowed: local, ray, inline"])
+    try:
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("points", total=None)
+            result = run_sweep(spec, out, backend=backend, num_workers=workers,
+                               ray_address=address,
+                               on_progress=lambda done, total: progress.update(
+                                   task, completed=done, total=total))
+    except ScenarioError as err:
+        _fail(err.messages)
+    except KeyboardInterrupt:
+        errors.print("interrupted: finished points are kept; run the same command to resume")
+        raise typer.Exit(130) from None
+    console.print(f"{len(result.table)} rows, {len(result.errors)} failed points")
+    for key, message in result.errors.items():
+        errors.print(f"point {key} failed: {message}", markup=False)
+    console.print(f"report: {result.report_path}")
+    if result.table_paths:
+        console.print(f"table: {result.table_paths[0]} (and .csv)")
+
+
 if __name__ == "__main__":
     app()

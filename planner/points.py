@@ -1,0 +1,136 @@
+"""Run many independent points, locally or on Ray, keeping every finished result on disk.
+
+Each point's result is written atomically the moment it finishes (`<store>/<key>.json`), so a
+run killed or interrupted half-way resumes where it stopped: finished points are read back, not
+recomputed. A point that raises records its error and the others go on. Results come back as
+values through the executor, never by scraping files that workers wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.report import write_atomic
+
+PointFn = Callable[[dict], dict]
+"""A top-level (picklable) function: point payload -> JSON-able result."""
+
+
+@dataclass(frozen=True)
+class PointTask:
+    """One unit of work: a stable key (its file name) and the payload handed to the function."""
+
+    key: str
+    payload: dict
+
+
+class PointStore:
+    """Finished points of one run, one JSON file each."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+
+    def path(self, key: str) -> Path:
+        """File of point `key`."""
+        return self.folder / f"{key}.json"
+
+    def load(self, key: str) -> dict | None:
+        """The stored record of `key`, or None when absent or unreadable (then it reruns)."""
+        try:
+            return json.loads(self.path(key).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def save(self, key: str, record: dict) -> None:
+        """Write a record atomically (a crash mid-write leaves the old state, never half a file)."""
+        write_atomic(self.path(key), json.dumps(record, default=str).encode("utf-8"))
+
+
+def _guarded(fn: PointFn, payload: dict) -> dict:
+    """Run one point; turn an exception into an error record instead of killing the run."""
+    try:
+        return {"status": "ok", "result": fn(payload)}
+    except Exception as err:  # noqa: BLE001 - a failing point must not stop the others
+        last = traceback.format_exception_only(type(err), err)[-1].strip()
+        return {"status": "error", "error": last}
+
+
+def _pending(tasks: Iterable[PointTask], store: PointStore) -> tuple[list[PointTask], dict]:
+    done, todo = {}, []
+    for task in tasks:
+        record = store.load(task.key)
+        if record is not None and record.get("status") == "ok":
+            done[task.key] = record
+        else:
+            todo.append(task)  # absent, unreadable or failed before: run (again)
+    return todo, done
+
+
+def run_points(
+    tasks: list[PointTask], fn: PointFn, store: PointStore, *, backend: str = "local",
+    num_workers: int | None = None, ray_address: str | None = None,
+    on_done: Callable[[PointTask, dict], None] | None = None,
+) -> dict[str, dict]:
+    """Run every task not already finished in `store`; return all records by key."""
+    todo, records = _pending(tasks, store)
+
+    def finish(task: PointTask, record: dict) -> None:
+        record = {"key": task.key, "payload": task.payload, **record}
+        store.save(task.key, record)
+        records[task.key] = record
+        if on_done is not None:
+            on_done(task, record)
+
+    if backend == "ray":
+        _run_on_ray(todo, fn, finish, ray_address)
+    elif backend == "local":
+        _run_local(todo, fn, finish, num_workers)
+    elif backend == "inline":
+        for task in todo:
+            finish(task, _guarded(fn, task.payload))
+    else:
+        raise ValueError(f"backend={backend!r}; allowed: 'local', 'ray', 'inline'")
+    return {t.key: records[t.key] for t in tasks}
+
+
+def _run_local(todo: list[PointTask], fn: PointFn, finish, num_workers: int | None) -> None:
+    if not todo:
+        return
+    workers = max(1, min(num_workers or os.cpu_count() or 1, len(todo)))
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(_guarded, fn, t.payload): t for t in todo}
+        try:
+            while futures:
+                finished, _ = wait(futures, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    finish(futures.pop(future), future.result())
+        except BaseException:
+            for future in futures:
+                future.cancel()  # Ctrl-C: keep what finished, drop what has not started
+            raise
+
+
+def _run_on_ray(todo: list[PointTask], fn: PointFn, finish, address: str | None) -> None:
+    import ray  # the `dist` extra; imported only when asked for
+
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 ignore_reinit_error=True)
+    try:
+        remote = ray.remote(_guarded)
+        pending: dict[Any, PointTask] = {remote.remote(fn, t.payload): t for t in todo}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                finish(pending.pop(ref), ray.get(ref))
+    finally:
+        if started_here and address is None:
+            ray.shutdown()

@@ -1,0 +1,167 @@
+"""Sweeps: vary scenario fields over a grid, run every point, collect one tidy table.
+
+A sweep spec names a base scenario and the fields to vary (dotted paths; `strategies.*.field`
+sets a field on every strategy). Every point is a whole scenario, validated before anything
+runs, so a bad value is reported against the spec line that produced it.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from planner.loading import ScenarioError, parse_yaml, scenario_from_text
+from planner.scenario import Scenario
+
+
+class SweepParameter(BaseModel):
+    """One varied field."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    field: str = Field(min_length=1)
+    """Dotted path into the scenario, e.g. `workload.switch_probability` or `hardware.gpu`."""
+    values: tuple[Any, ...] = Field(min_length=1)
+    """Values the field takes."""
+
+
+class SweepSpec(BaseModel):
+    """A sweep over one base scenario."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    """Sweep name; results go to out/<name>/."""
+    scenario: str = Field(min_length=1)
+    """Base scenario file, relative to the spec file."""
+    parameters: tuple[SweepParameter, ...] = Field(min_length=1)
+    """Fields to vary."""
+    combine: Literal["grid", "zip"] = "grid"
+    """grid: every combination; zip: the i-th values of every parameter together."""
+    evaluate: Literal["analysis", "simulate"] = "analysis"
+    """What each point computes: the analytical comparisons, or a simulation of every strategy."""
+
+
+def _set_path(data: dict, path: str, value: Any) -> None:
+    parts = path.split(".")
+    targets = [data]
+    for part in parts[:-1]:
+        nxt = []
+        for node in targets:
+            if part == "*" and isinstance(node, list):
+                nxt += node
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                nxt.append(node[int(part)])
+            elif isinstance(node, dict):
+                nxt.append(node.setdefault(part, {}))
+            else:
+                raise KeyError(f"{path!r}: {part!r} does not lead into the scenario")
+        targets = nxt
+    for node in targets:
+        if not isinstance(node, dict):
+            raise KeyError(f"{path!r}: cannot set {parts[-1]!r} on a {type(node).__name__}")
+        node[parts[-1]] = value
+
+
+def point_key(index: int, params: dict) -> str:
+    """Stable file-name key of a point: its index and a hash of its parameter values."""
+    digest = hashlib.sha1(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()
+    return f"p{index:05d}-{digest[:10]}"
+
+
+def _combinations(spec: SweepSpec) -> list[tuple[tuple[int, ...], dict]]:
+    ranges = [range(len(p.values)) for p in spec.parameters]
+    if spec.combine == "zip":
+        indices = list(zip(*ranges, strict=False))
+    else:
+        indices = list(itertools.product(*ranges))
+    return [(idx, {p.field: p.values[i] for p, i in zip(spec.parameters, idx, strict=True)})
+            for idx in indices]
+
+
+def load_sweep(path: str | Path) -> tuple[SweepSpec, list[tuple[str, dict, dict]]]:
+    """Read a sweep spec and expand it: (spec, [(key, params, scenario dict)]), all validated."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ScenarioError([f"{path}: cannot read: {err}"]) from None
+    data, index = parse_yaml(text, str(path))
+    try:
+        spec = SweepSpec.model_validate(data)
+    except ValidationError as err:
+        raise ScenarioError([
+            f"{path}:{index.line_of(tuple(e['loc'])) or '?'}: {index.path_of(tuple(e['loc']))}: "
+            f"{e['msg']} (given: {e.get('input')!r})" for e in err.errors()]) from None
+    if spec.combine == "zip" and len({len(p.values) for p in spec.parameters}) > 1:
+        raise ScenarioError([f"{path}:{index.line_of(('parameters',)) or '?'}: parameters: "
+                             "combine: zip needs the same number of values for every parameter"])
+    base = scenario_from_text_or_error(path.parent / spec.scenario, path, index)
+    problems = _single_value_problems(path, index, spec, base)
+    if problems:
+        raise ScenarioError(problems)
+    points = []
+    for n, (_, params) in enumerate(_combinations(spec)):
+        try:
+            scenario = _apply(base, params)
+        except (KeyError, ValidationError) as err:
+            given = ", ".join(f"{f}={v!r}" for f, v in params.items())
+            problems += [f"{path}:{index.line_of(('parameters',)) or '?'}: parameters: the point "
+                         f"{given} gives an invalid scenario: {d}" for d in _details(err)]
+            continue
+        points.append((point_key(n, params), params, scenario))
+    if problems:
+        raise ScenarioError(problems)
+    return spec, points
+
+
+def _apply(base: dict, params: dict) -> dict:
+    scenario = copy.deepcopy(base)
+    for field_path, value in params.items():
+        _set_path(scenario, field_path, value)
+    Scenario.model_validate(scenario)
+    return scenario
+
+
+def _details(err: Exception) -> list[str]:
+    if isinstance(err, KeyError):
+        return [str(err.args[0])]
+    details = []
+    for e in err.errors():
+        msg = e["msg"].removeprefix("Value error, ")
+        loc = ".".join(map(str, e["loc"]))
+        details.append(f"{loc}: {msg}" if loc else msg)
+    return details
+
+
+def _single_value_problems(path: Path, index, spec: SweepSpec, base: dict) -> list[str]:
+    """Each value applied alone to the base scenario, so a bad one is named exactly."""
+    problems = []
+    for p_i, param in enumerate(spec.parameters):
+        line = index.line_of(("parameters", p_i, "values")) or "?"
+        for v_i, value in enumerate(param.values):
+            try:
+                _apply(base, {param.field: value})
+            except (KeyError, ValidationError) as err:
+                problems += [f"{path}:{line}: parameters.{p_i}.values.{v_i}: {param.field}="
+                             f"{value!r} gives an invalid scenario: {d}" for d in _details(err)]
+    return problems
+
+
+def scenario_from_text_or_error(base_path: Path, spec_path: Path, index) -> dict:
+    """The base scenario as a complete plain dict, or a located error on the spec."""
+    line = index.line_of(("scenario",)) or "?"
+    try:
+        text = base_path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ScenarioError([f"{spec_path}:{line}: scenario: cannot read {base_path}: "
+                             f"{err.strerror}"]) from None
+    scenario = scenario_from_text(text, str(base_path))  # located errors on the base itself
+    # Every default made explicit, so a sweep can set a field the base file leaves out.
+    return scenario.model_dump(mode="json")

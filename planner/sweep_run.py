@@ -1,0 +1,100 @@
+"""Run a sweep spec: every point through `run_points`, then one tidy table, charts and report."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import plotly.express as px
+
+from planner.analysis import strategy_summary
+from planner.points import PointStore, PointTask, run_points
+from planner.report import ReportSection, render_html, timestamp, write_atomic, write_table
+from planner.scenario import Scenario
+from planner.sweep import SweepSpec, load_sweep
+
+
+def evaluate_point(payload: dict) -> list[dict]:
+    """One sweep point: validate its scenario and summarise every strategy (JSON-able rows)."""
+    scenario = Scenario.model_validate(payload["scenario"])
+    if payload["evaluate"] == "simulate":
+        from planner.simulation import simulate_summary
+
+        return simulate_summary(scenario).to_dict(orient="records")
+    return strategy_summary(scenario).to_dict(orient="records")
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What a sweep produced."""
+
+    spec: SweepSpec
+    table: pd.DataFrame
+    errors: dict[str, str]
+    report_path: Path
+    table_paths: list[Path]
+
+
+def collect_table(records: dict[str, dict]) -> tuple[pd.DataFrame, dict[str, str]]:
+    """Tidy table of every finished point (parameters as columns) and the failed points."""
+    rows, errors = [], {}
+    for key, record in records.items():
+        if record["status"] != "ok":
+            errors[key] = record["error"]
+            continue
+        params = record["payload"]["params"]
+        rows += [{"point": key, **params, **row} for row in record["result"]]
+    return pd.DataFrame(rows), errors
+
+
+def sweep_figures(table: pd.DataFrame, spec: SweepSpec) -> list:
+    """One chart per (varied field, metric): metric vs field value, a line per strategy."""
+    if table.empty:
+        return []
+    metrics = [c for c in ("decision_s", "switch_s", "decode_step_s", "kv_gib_per_conversation",
+                           "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "output_tokens_per_s")
+               if c in table.columns]
+    figures = []
+    for param in spec.parameters:
+        for metric in metrics:
+            others = [p.field for p in spec.parameters if p.field != param.field]
+            data = table.sort_values(param.field)
+            fig = px.line(data, x=param.field, y=metric, color="strategy", markers=True,
+                          line_dash=others[0] if others else None,
+                          title=f"{metric} vs {param.field}")
+            figures.append(fig.update_layout(template="plotly_white", height=380))
+    return figures
+
+
+def run_sweep(
+    spec_path: str | Path, out_root: str | Path = "out", *, backend: str = "local",
+    num_workers: int | None = None, ray_address: str | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> SweepResult:
+    """Run (or resume) a sweep; write points, the tidy table and the report under out/<name>/."""
+    spec, points = load_sweep(spec_path)
+    out_dir = Path(out_root) / spec.name
+    tasks = [PointTask(key, {"params": params, "scenario": scenario, "evaluate": spec.evaluate})
+             for key, params, scenario in points]
+    finished = [0]
+
+    def on_done(task, record):
+        finished[0] += 1
+        if on_progress:
+            on_progress(finished[0], len(tasks))
+
+    records = run_points(tasks, evaluate_point, PointStore(out_dir / "points"), backend=backend,
+                         num_workers=num_workers, ray_address=ray_address, on_done=on_done)
+    table, errors = collect_table(records)
+    paths = write_table(table, out_dir / "sweep") if not table.empty else []
+    failed = pd.DataFrame([{"point": k, "error": v} for k, v in errors.items()])
+    sections = [ReportSection("Sweep", f"{len(points)} points over "
+                              f"{[p.field for p in spec.parameters]}; {len(errors)} failed.",
+                              sweep_figures(table, spec), [failed] if errors else [])]
+    page = render_html(f"molcap sweep: {spec.name}", f"Generated {timestamp()}.", sections,
+                       Path(spec_path).read_text(encoding="utf-8"))
+    report = out_dir / "report.html"
+    write_atomic(report, page.encode("utf-8"))
+    return SweepResult(spec, table, errors, report, paths)

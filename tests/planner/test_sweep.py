@@ -1,0 +1,112 @@
+"""Sweeps: expansion, located errors for bad specs, and Ray equal to local point by point."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from planner.loading import ScenarioError
+from planner.sweep import load_sweep
+from planner.sweep_run import run_sweep
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIO = """
+name: tiny
+model: llama-3.1-8b
+hardware: {gpu: H100-SXM}
+strategies:
+  - kind: multi_lora
+    adapters: [{name: a}, {name: b}]
+  - kind: preft
+    adapters: [{name: a}, {name: b}]
+analysis:
+  context_tokens: [512, 2048]
+  decode_tokens_per_turn: [16]
+"""
+
+
+def _spec(tmp_path: Path, body: str) -> Path:
+    (tmp_path / "base.yaml").write_text(SCENARIO)
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text("name: s\nscenario: base.yaml\n" + body)
+    return spec
+
+
+def _errors(spec: Path) -> list[str]:
+    with pytest.raises(ScenarioError) as err:
+        load_sweep(spec)
+    return err.value.messages
+
+
+def test_grid_expands_every_combination(tmp_path):
+    spec = _spec(tmp_path, "parameters:\n"
+                 "  - {field: analysis.num_turn_context_tokens, values: [1024, 2048, 4096]}\n"
+                 "  - {field: hardware.gpu, values: [H100-SXM, H200]}\n")
+    _, points = load_sweep(spec)
+    assert len(points) == 6 and len({key for key, _, _ in points}) == 6
+    assert {(p["analysis.num_turn_context_tokens"], p["hardware.gpu"]) for _, p, _ in points} == {
+        (c, g) for c in (1024, 2048, 4096) for g in ("H100-SXM", "H200")}
+    assert all(s["hardware"]["gpu"] == p["hardware.gpu"] for _, p, s in points)
+
+
+def test_star_sets_a_field_on_every_strategy(tmp_path):
+    spec = _spec(tmp_path, "parameters:\n  - {field: strategies.*.name, values: [x]}\n"
+                 "combine: zip\n")
+    messages = _errors(spec)  # two strategies named x: the scenario rule rejects it
+    assert "parameters.0.values.0" in messages[0] and "labelled 'x'" in messages[0]
+
+
+def test_bad_value_is_located_on_its_parameter(tmp_path):
+    spec = _spec(tmp_path, "parameters:\n  - field: hardware.gpu\n"
+                 "    values: [H200, B300]\n")
+    (message,) = _errors(spec)
+    assert message.startswith(f"{spec}:5: parameters.0.values.1: hardware.gpu='B300'")
+    assert "not in the catalogue" in message and "H100-SXM" in message
+
+
+def test_unknown_spec_key_and_unknown_field(tmp_path):
+    spec = _spec(tmp_path, "parameters:\n  - {field: hardware.gpus, values: [2]}\nrepeat: 3\n")
+    (message,) = _errors(spec)
+    assert message.startswith(f"{spec}:5: repeat:") and "Extra inputs" in message
+    spec = _spec(tmp_path, "parameters:\n  - {field: hardware.gpus, values: [2]}\n")
+    (message,) = _errors(spec)
+    assert "parameters.0.values.0: hardware.gpus=2" in message and "hardware.gpus" in message
+
+
+def test_zip_needs_equal_lengths_and_base_must_exist(tmp_path):
+    spec = _spec(tmp_path, "combine: zip\nparameters:\n"
+                 "  - {field: seed, values: [1, 2]}\n  - {field: hardware.gpu, values: [H200]}\n")
+    (message,) = _errors(spec)
+    assert "same number of values" in message
+    spec.write_text("name: s\nscenario: missing.yaml\nparameters: [{field: seed, values: [1]}]\n")
+    (message,) = _errors(spec)
+    assert message.startswith(f"{spec}:2: scenario: cannot read") and "missing.yaml" in message
+
+
+def test_cli_rejects_bad_spec_with_exit_2_and_no_traceback(tmp_path):
+    spec = _spec(tmp_path, "parameters:\n  - {field: workload.arrival_rate_per_s, "
+                 "values: [1.0e+30]}\n")
+    done = subprocess.run([sys.executable, "-m", "planner.cli", "sweep", str(spec),
+                           "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert f"{spec}:4: parameters.0.values.0: workload.arrival_rate_per_s=1e+30" in done.stderr
+    assert "less than or equal to 1000000" in done.stderr
+
+
+def test_ray_run_equals_local_run_point_by_point(tmp_path):
+    pytest.importorskip("ray")
+    spec = _spec(tmp_path, "parameters:\n"
+                 "  - {field: analysis.num_turn_context_tokens, values: [1024, 8192]}\n"
+                 "  - {field: engine.max_lora_rank, values: [16, 64]}\n")
+    local = run_sweep(spec, tmp_path / "local", backend="local", num_workers=2)
+    ray = run_sweep(spec, tmp_path / "ray", backend="ray")
+    assert not local.errors and not ray.errors and len(local.table) == 8
+    key = ["point", "strategy"]
+    pd.testing.assert_frame_equal(local.table.sort_values(key).reset_index(drop=True),
+                                  ray.table.sort_values(key).reset_index(drop=True))
+    shutil.rmtree(tmp_path / "ray")
