@@ -137,7 +137,7 @@ class Engine:
             seq.is_routing_done = True
 
     def _cached_prefix(self, seq: Sequence) -> list:
-        if seq.num_computed_tokens or not self.kv.enable_prefix_caching:
+        if seq.num_computed_tokens or not self.kv.enable_prefix_caching or not seq.is_cacheable:
             return []
         keys = []
         for index in range((seq.num_tokens - 1) // self.block_size):
@@ -255,7 +255,7 @@ class Engine:
         return finished
 
     def _register_full_blocks(self, seq: Sequence) -> None:
-        if seq.last_layer >= 0:
+        if seq.last_layer >= 0 or not seq.is_cacheable:
             return  # a pass over some layers only leaves no reusable whole-model KV
         bs = self.block_size
         num_full = seq.num_computed_tokens // bs

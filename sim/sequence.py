@@ -92,6 +92,11 @@ class Sequence:
             return self.num_prompt_tokens + self.num_generated_tokens
         return self.num_stream_prompt_tokens
 
+    @property
+    def is_cacheable(self) -> bool:
+        """Whether any block can carry a cache key."""
+        return self.stream_id != PRIVATE_STREAM or self.hash_ids is not None
+
     def block_key(self, index: int, block_size: int) -> Hashable | None:
         """Cache key of block `index`, or None when the block holds private tokens."""
         if (index + 1) * block_size > self.num_stream_tokens:

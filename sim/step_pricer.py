@@ -150,7 +150,7 @@ class StepPricer:
         return DecodeRun(const_s, contexts, self._prefix(max_index), self.adv)
 
     def _prefix(self, max_index: int) -> np.ndarray:
-        """Q[x] = T[x] + T[x - adv] + ... for the decode item's attention table T, x <= max_index."""
+        """Q[x] = T[x] + T[x - adv] + ... of the decode attention table T, for x <= max_index."""
         if self._strided_prefix.size > max_index:
             return self._strided_prefix
         size = max(max_index + 1, 2 * self._strided_prefix.size, 4096)

@@ -44,6 +44,7 @@ class TurnDriver:
         self.strategy = config.strategy
         self.disaggregation = disaggregation
         self._num_seqs = 0
+        self._is_multi_turn = bool((workload.conv_num_turns > 1).any())
         ced = config.arch.ced
         self.routing_last_layer = ced.routing_layer + 1 if ced else config.arch.num_layers
 
@@ -99,9 +100,11 @@ class TurnDriver:
         s, wl = self.strategy, self.workload
         num_prompt = state.num_context_tokens + num_user
         namespace = adapter if s.kind in ADAPTER_KV_KINDS else SHARED_NAMESPACE
+        # A one-turn conversation's prompt is never seen again: keep it out of the cache.
+        stream = state.conv_id if self._is_multi_turn else PRIVATE_STREAM
         fields = dict(hop="answer", adapter=adapter, kv_namespace=namespace,
                       num_prompt_tokens=num_prompt, num_output_tokens=num_reply,
-                      stream_id=state.conv_id, num_stream_prompt_tokens=num_prompt,
+                      stream_id=stream, num_stream_prompt_tokens=num_prompt,
                       is_output_in_stream=True, is_decode_adapted=s.kind != "preft")
         if wl.turn_hash_ids is not None:
             fields.update(hash_ids=wl.turn_hash_ids[turn], hash_block_tokens=wl.hash_block_tokens,

@@ -1,0 +1,161 @@
+"""Thin converter from a validated Scenario to the simulator: `simulate_strategy`.
+
+Builds the sim-level `SimConfig` (model, GPU, engine limits, strategy numbers, cluster) and the
+workload arrays for one strategy of the scenario, then calls `sim.simulate`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from planner.scenario import Scenario
+from planner.workloads import ConversationWorkload, PunicaWorkload, TraceWorkload
+from sim.config import (
+    AdapterSpec,
+    ClusterSpec,
+    DisaggregationSpec,
+    EngineLimits,
+    RouterPolicy,
+    SimBounds,
+    SimConfig,
+    StrategySpec,
+)
+from sim.cost_model import default_coeffs
+from sim.memory_model import LORA_DTYPE_BYTES
+from sim.model_shapes import lora_weights_per_rank
+from sim.placement import adapter_placements
+from sim.simulate import SimResult, simulate
+from sim.specs import ModelArch
+from sim.traces import TRACES_DIR, trace_workload
+from sim.workloads import Workload, conversation_workload, punica_workload
+
+SHARED_KV_KINDS = ("contextual_mol", "mol2")
+
+
+def _adapter_numbers(strategy, arch: ModelArch, tp: int) -> dict:
+    """Adapter arithmetic, placements and per-GPU load bytes of a strategy's adapters."""
+    adapters = getattr(strategy, "adapters", ())
+    if strategy.kind in ("base", "multi_agent") or not adapters:
+        return dict(adapter_kind="none", adapters=tuple(
+            AdapterSpec(name=a.name, num_bytes_per_gpu=0.0) for a in adapters))
+    is_direft = strategy.kind == "preft" and strategy.variant == "direft_p"
+    shared = strategy.kind in SHARED_KV_KINDS
+    first = adapters[0]
+    placements = adapter_placements(arch, first.layers, first.target_modules, shared)
+    specs = []
+    for a in adapters:
+        pairs = adapter_placements(arch, a.layers, a.target_modules, shared)
+        per_rank = (2 * arch.hidden_size * len({layer for layer, _ in pairs}) if is_direft
+                    else lora_weights_per_rank(arch, pairs))
+        specs.append(AdapterSpec(name=a.name,
+                                 num_bytes_per_gpu=a.rank * per_rank * LORA_DTYPE_BYTES / tp))
+    return dict(adapter_kind="direft" if is_direft else "lora", adapters=tuple(specs),
+                adapter_rank=max(a.rank for a in adapters),
+                adapter_placements=tuple(placements))
+
+
+def strategy_spec(scenario: Scenario, index: int) -> StrategySpec:
+    """The sim-level description of strategy `index`."""
+    st = scenario.strategies[index]
+    arch = scenario.strategy_arch(index)
+    fields = dict(kind=st.kind, label=st.label,
+                  **_adapter_numbers(st, arch, scenario.hardware.tensor_parallel_size))
+    names = [a.name for a in getattr(st, "adapters", ())]
+    if st.kind == "preft":
+        fields["is_decode_adapted"] = False
+    if st.kind == "mol":
+        fields.update(router_adapter_index=names.index(st.router_adapter)
+                      if st.router_adapter else 0,
+                      num_route_prompt_tokens=st.num_route_prompt_tokens,
+                      num_route_decode_tokens=st.num_route_decode_tokens,
+                      max_summary_tokens=st.max_summary_tokens)
+    if st.kind in SHARED_KV_KINDS:
+        fields["replay_window_tokens"] = (st.replay_window_tokens
+                                          or arch.ced.sliding_window_tokens)
+    if st.kind == "contextual_mol":
+        fields["num_option_description_tokens"] = st.num_option_description_tokens
+    if st.kind == "mol2":
+        fields.update(routing=st.routing, num_head_params=st.num_head_params)
+    if st.kind in ("mol", "contextual_mol", "mol2"):
+        fields["measured_decision_time_s"] = st.measured_decision_time_s
+    if st.kind == "multi_agent":
+        fields["num_handover_tokens"] = st.num_handover_tokens
+    return StrategySpec(**fields)
+
+
+def engine_limits(scenario: Scenario) -> EngineLimits:
+    """Engine limits of the scenario in simulator terms."""
+    e = scenario.engine
+    spec = e.speculative
+    return EngineLimits(
+        max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
+        block_size=e.block_size, enable_chunked_prefill=e.enable_chunked_prefill,
+        enable_prefix_caching=e.enable_prefix_caching,
+        gpu_memory_utilization=e.gpu_memory_utilization, max_loras=e.max_loras,
+        max_cpu_loras=e.max_cpu_loras, max_lora_rank=e.max_lora_rank,
+        num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+        mean_accepted_tokens=spec.mean_accepted_tokens if spec else 1.0)
+
+
+def create_workload(scenario: Scenario, num_domains: int, rng: np.random.Generator,
+                    scenario_dir: Path | None = None) -> Workload:
+    """The scenario's workload as simulator arrays."""
+    w = scenario.workload
+    if isinstance(w, PunicaWorkload):
+        return punica_workload(rng, **w.model_dump(exclude={"kind"}))
+    if isinstance(w, ConversationWorkload):
+        return conversation_workload(rng, num_domains=num_domains,
+                                     **w.model_dump(exclude={"kind"}))
+    assert isinstance(w, TraceWorkload)
+    path = Path(w.path)
+    if not path.is_absolute():
+        near = (scenario_dir or Path.cwd()) / path
+        path = near if near.exists() else TRACES_DIR / path
+    c = w.columns
+    return trace_workload(
+        rng, path, num_domains=num_domains, fmt=w.format, arrival_column=c.arrival_time,
+        input_column=c.num_input_tokens, output_column=c.num_output_tokens,
+        hash_ids_column=c.hash_ids, adapter_column=c.adapter, time_unit=w.time_unit,
+        hash_block_tokens=w.hash_block_tokens, rate_scale=w.rate_scale,
+        length_scale=w.length_scale, max_requests=w.max_requests)
+
+
+def _slo_targets(scenario: Scenario) -> dict:
+    s = scenario.slo
+    return dict(ttft_slo_s=s.ttft_p99_s or s.ttft_p50_s, tpot_slo_s=s.tpot_p99_s or s.tpot_p50_s,
+                e2e_slo_s=s.e2e_p99_s or s.e2e_p50_s)
+
+
+def simulate_strategy(
+    scenario: Scenario, strategy_index: int, *, num_replicas: int | None = None,
+    router: RouterPolicy = "least_outstanding", mode: str = "fast", seed: int | None = None,
+    workload: Workload | None = None, scenario_dir: Path | None = None,
+    bounds: SimBounds | None = None, timeseries_interval_s: float = 1.0,
+) -> SimResult:
+    """Simulate strategy `strategy_index` of `scenario` (replicas default to the scenario's;
+    multi-agent gets at least one per agent). Pass `workload` to reuse one across strategies."""
+    strategy = strategy_spec(scenario, strategy_index)
+    hw, e = scenario.hardware, scenario.engine
+    replicas = num_replicas or hw.num_replicas
+    if strategy.kind == "multi_agent":
+        replicas = max(replicas, strategy.num_domains)
+    disagg = None
+    if e.disaggregation is not None:
+        d = e.disaggregation
+        disagg = DisaggregationSpec(
+            num_prefill_workers=d.num_prefill_workers, num_decode_workers=d.num_decode_workers,
+            kv_transfer_bandwidth_bytes_per_s=d.kv_transfer_bandwidth_bytes_per_s)
+    run_seed = scenario.seed if seed is None else seed
+    config = SimConfig(
+        arch=scenario.strategy_arch(strategy_index), gpu=hw.gpu_spec,
+        tensor_parallel_size=hw.tensor_parallel_size, engine=engine_limits(scenario),
+        strategy=strategy, coeffs=default_coeffs(hw.gpu_spec),
+        cluster=ClusterSpec(num_replicas=replicas, router=router, disaggregation=disagg),
+        bounds=bounds or SimBounds(), seed=run_seed, mode=mode)
+    if workload is None:
+        workload = create_workload(scenario, strategy.num_domains,
+                                   np.random.default_rng(run_seed), scenario_dir)
+    return simulate(config, workload, timeseries_interval_s=timeseries_interval_s,
+                    slo=_slo_targets(scenario))

@@ -1,0 +1,128 @@
+"""Real request traces as workloads: Azure (CSV), Mooncake (JSON lines with prefix-block hash
+ids), ServeGen per-client rates as adapter popularity. Bad files fail with FILE:LINE messages.
+
+Data files live in ../shared/data/traces beside the repository (see its README.md).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from sim.workloads import Workload, popularity_domains, single_turn_workload
+
+DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+TRACES_DIR = DATA_DIR / "traces"
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be replayed; the message names the file and line."""
+
+
+def _parse_time(text: str, unit: str, where: str) -> float:
+    try:
+        if unit == "datetime":
+            return datetime.fromisoformat(text.strip()[:26]).timestamp()
+        value = float(text)
+    except (TypeError, ValueError):
+        raise TraceError(f"{where}: cannot parse arrival time {text!r} as {unit}") from None
+    return value / 1000.0 if unit == "ms" else value
+
+
+def _parse_int(value, column: str, where: str) -> int:
+    try:
+        number = int(float(value))
+    except (TypeError, ValueError):
+        raise TraceError(f"{where}: column {column!r}: {value!r} is not a number") from None
+    if number < 0:
+        raise TraceError(f"{where}: column {column!r}: {number} is negative")
+    return number
+
+
+def read_trace_rows(path: Path, fmt: str, max_rows: int | None) -> list[tuple[str, dict]]:
+    """(location, row) pairs of a CSV (header row) or JSON-lines file."""
+    if not path.is_file():
+        raise TraceError(f"{path}: no such trace file")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        if fmt == "csv":
+            reader = csv.DictReader(f)
+            for line_no, row in enumerate(reader, start=2):
+                rows.append((f"{path}:{line_no}", row))
+                if max_rows is not None and len(rows) >= max_rows:
+                    break
+        else:
+            for line_no, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append((f"{path}:{line_no}", json.loads(line)))
+                except json.JSONDecodeError as err:
+                    raise TraceError(f"{path}:{line_no}: not JSON: {err.msg}") from None
+                if max_rows is not None and len(rows) >= max_rows:
+                    break
+    if not rows:
+        raise TraceError(f"{path}: no rows")
+    return rows
+
+
+def trace_workload(rng: np.random.Generator, path: str | Path, *, num_domains: int,
+                   fmt: str = "csv", arrival_column: str = "timestamp",
+                   input_column: str = "input_length", output_column: str = "output_length",
+                   hash_ids_column: str | None = None, adapter_column: str | None = None,
+                   time_unit: str = "s", hash_block_tokens: int = 512, rate_scale: float = 1.0,
+                   length_scale: float = 1.0, max_requests: int | None = None,
+                   domain_weights: np.ndarray | None = None) -> Workload:
+    """Replay a trace: arrivals relative to the first row and divided by `rate_scale`, lengths
+    multiplied by `length_scale`; adapters from a column, else drawn (by `domain_weights`)."""
+    path = Path(path)
+    rows = read_trace_rows(path, fmt, max_requests)
+    needed = [arrival_column, input_column, output_column, hash_ids_column, adapter_column]
+    missing = [c for c in needed if c is not None and c not in rows[0][1]]
+    if missing:
+        raise TraceError(f"{rows[0][0]}: missing column(s) {missing}; "
+                         f"found {sorted(rows[0][1])}")
+    arrival = np.array([_parse_time(r[arrival_column], time_unit, w) for w, r in rows])
+    inputs = np.array([_parse_int(r[input_column], input_column, w) for w, r in rows])
+    outputs = np.array([_parse_int(r[output_column], output_column, w) for w, r in rows])
+    inputs = np.maximum(1, np.rint(inputs * length_scale)).astype(np.int64)
+    outputs = np.maximum(1, np.rint(outputs * length_scale)).astype(np.int64)
+    arrival = (arrival - arrival.min()) / rate_scale
+    if adapter_column is not None:
+        names = [str(r[adapter_column]) for _, r in rows]
+        codes = {n: i for i, n in enumerate(dict.fromkeys(names))}
+        domains = np.array([codes[n] for n in names]) % num_domains
+    elif domain_weights is not None:
+        p = np.asarray(domain_weights, dtype=float)
+        domains = rng.choice(p.size, size=len(rows), p=p / p.sum()) % num_domains
+    else:
+        domains = popularity_domains(rng, len(rows), num_domains, "uniform")
+    hash_ids = None
+    if hash_ids_column is not None:
+        hash_ids = [tuple(int(h) for h in r[hash_ids_column]) for _, r in rows]
+    return single_turn_workload(arrival, inputs, outputs, domains, hash_ids, hash_block_tokens)
+
+
+def servegen_client_rates(folder: str | Path = TRACES_DIR / "servegen_m_small") -> np.ndarray:
+    """Mean request rate of each ServeGen client (chunk-<id>-trace.csv), ordered by id."""
+    folder = Path(folder)
+    files = sorted(folder.glob("chunk-*-trace.csv"), key=lambda p: int(p.stem.split("-")[1]))
+    if not files:
+        raise TraceError(f"{folder}: no chunk-<id>-trace.csv files")
+    rates = []
+    for file in files:
+        data = np.genfromtxt(file, delimiter=",", usecols=(1,), invalid_raise=False)
+        if data.size == 0 or np.isnan(data).all():
+            raise TraceError(f"{file}:1: no readable rate_rps column")
+        rates.append(float(np.nanmean(data)))
+    return np.array(rates)
+
+
+def servegen_popularity(num_domains: int, folder: str | Path | None = None) -> np.ndarray:
+    """Adapter popularity weights: the `num_domains` busiest ServeGen clients' mean rates."""
+    rates = servegen_client_rates(folder or TRACES_DIR / "servegen_m_small")
+    return np.sort(rates)[::-1][:num_domains]
