@@ -1,0 +1,96 @@
+"""Real text per domain, byte-tokenized, for training and evaluating the small CED model.
+
+Domains and where their text comes from (all on this machine or in ../shared/data):
+* code: the Python standard library source;
+* legal: license texts under /usr/share/common-licenses;
+* prose: the Python documentation shipped with the interpreter (`pydoc_data.topics`);
+* chat: user utterances of CLINC150 and BANKING77 (../shared/data/text), one per line.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sysconfig
+from pathlib import Path
+
+import torch
+
+BOS, EOS, SEP, PAD = 256, 257, 258, 259
+VOCAB_SIZE = 260
+DOMAINS = ("chat", "code", "legal", "prose")
+
+
+def shared_data_dir() -> Path:
+    """../shared/data relative to the repository (CI lays shared/ beside the clone too)."""
+    return Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def encode(text: str) -> list[int]:
+    """UTF-8 bytes as token ids."""
+    return list(text.encode("utf-8"))
+
+
+def decode(ids: list[int]) -> str:
+    """Inverse of `encode`, dropping special ids."""
+    return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def _code_text(max_bytes: int) -> str:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    parts, size = [], 0
+    for path in sorted(root.glob("*.py")):
+        text = path.read_text(errors="replace")
+        parts.append(text)
+        size += len(text)
+        if size >= max_bytes:
+            break
+    return "\n".join(parts)
+
+
+def _legal_text(max_bytes: int) -> str:
+    root = Path("/usr/share/common-licenses")
+    files = sorted(p for p in root.iterdir() if p.is_file()) if root.exists() else []
+    return "\n\n".join(p.read_text(errors="replace") for p in files)[:max_bytes]
+
+
+def _prose_text(max_bytes: int) -> str:
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[k] for k in sorted(topics))[:max_bytes]
+
+
+def _chat_text(max_bytes: int) -> str:
+    root = shared_data_dir() / "text"
+    lines = []
+    clinc = root / "clinc150" / "data_full.json"
+    if clinc.exists():
+        lines += [u for u, _ in json.loads(clinc.read_text())["train"]]
+    banking = root / "banking77" / "train.csv"
+    if banking.exists():
+        with banking.open() as f:
+            lines += [row["text"] for row in csv.DictReader(f)]
+    return "\n".join(lines)[:max_bytes]
+
+
+def domain_text(domain: str, max_bytes: int = 400_000) -> str:
+    """Raw text of one domain (deterministic: files in sorted order)."""
+    loaders = {"code": _code_text, "legal": _legal_text, "prose": _prose_text, "chat": _chat_text}
+    text = loaders[domain](max_bytes)
+    if len(text) < 10_000:
+        raise FileNotFoundError(f"domain {domain!r}: only {len(text)} bytes of text found")
+    return text
+
+
+def domain_splits(domain: str, max_bytes: int = 400_000) -> tuple[torch.Tensor, torch.Tensor]:
+    """Byte ids [N] of a domain, split 90/10 into train and held-out."""
+    ids = torch.tensor(encode(domain_text(domain, max_bytes)), dtype=torch.long)
+    cut = int(len(ids) * 0.9)
+    return ids[:cut], ids[cut:]
+
+
+def sample_windows(ids: torch.Tensor, batch: int, length: int,
+                   generator: torch.Generator) -> torch.Tensor:
+    """`batch` random windows of `length + 1` ids [batch, length + 1] (inputs plus next token)."""
+    starts = torch.randint(0, len(ids) - length - 1, (batch,), generator=generator)
+    return torch.stack([ids[s : s + length + 1] for s in starts.tolist()])
