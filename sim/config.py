@@ -175,3 +175,5 @@ class SimConfig(_Frozen):
     """Seed of the run's random generator."""
     mode: Literal["fast", "reference"] = "fast"
     """fast: decode runs skip to the next event; reference: one event per engine step."""
+    check_invariants: bool = False
+    """Check KV accounting after every step (tests)."""

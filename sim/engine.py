@@ -56,8 +56,10 @@ def _ceil_div(a: int, b: int) -> int:
 class Engine:
     """Waiting and running sequences, the KV pool and the adapter slots of one replica."""
 
-    def __init__(self, limits: EngineLimits, num_kv_blocks: int, adapter_load_s: list[float]):
+    def __init__(self, limits: EngineLimits, num_kv_blocks: int, adapter_load_s: list[float],
+                 check_invariants: bool = False):
         self.limits = limits
+        self.check_invariants = check_invariants
         self.block_size = limits.block_size
         self.kv = KvBlockManager(num_kv_blocks, limits.block_size, limits.enable_prefix_caching)
         self.slots = AdapterSlots(limits.max_loras, limits.max_cpu_loras, adapter_load_s)
@@ -252,6 +254,11 @@ class Engine:
                 finished.append(seq)
         for seq in finished:
             self._finish(seq, now)
+        if self.check_invariants:
+            self.kv.check_invariants()
+            held = sum(len(s.block_keys) for s in self.running)
+            assert held <= self.kv.num_used, (held, self.kv.num_used)
+            assert len({s.adapter for s in self.running if s.adapter >= 0}) <= self.slots.max_loras
         return finished
 
     def _register_full_blocks(self, seq: Sequence) -> None:

@@ -4,7 +4,6 @@ return the metric tables. Writes no files; all randomness was spent building the
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -117,7 +116,8 @@ def _adapter_load_s(config: SimConfig) -> list[float]:
 
 def _build_replicas(env, config: SimConfig, pricer: StepPricer, num_kv_blocks: int,
                     counter: StepCounter, recorder: MetricsRecorder, num: int) -> list[Replica]:
-    return [Replica(env, i, Engine(config.engine, num_kv_blocks, _adapter_load_s(config)),
+    return [Replica(env, i, Engine(config.engine, num_kv_blocks, _adapter_load_s(config),
+                                   config.check_invariants),
                     pricer, counter, recorder.on_sample) for i in range(num)]
 
 
@@ -175,6 +175,7 @@ def simulate(config: SimConfig, workload: Workload, *, timeseries_interval_s: fl
     stats = dict(num_engine_steps=counter.num_steps, num_engine_events=counter.num_events,
                  num_predict_calls=pricer.num_predict_calls, num_kv_blocks=num_kv_blocks,
                  num_replicas=len(replicas), wall_s=time.perf_counter() - wall_start,
-                 simulated_s=env.now if math.isfinite(env.now) else None)
+                 kv_blocks_in_use_at_end=sum(r.engine.kv.num_used for r in replicas),
+                 num_sequences_left=sum(r.engine.num_outstanding for r in replicas))
     return SimResult(frames["requests"], frames["turns"], frames["timeseries"],
                      frames["kv_by_namespace"], summary, stats)
