@@ -1,0 +1,91 @@
+"""The event-skipping fast path gives the step-by-step reference's per-request metrics (1e-9),
+for every strategy, on workloads that exercise arrivals mid-run, preemption and switches."""
+
+import numpy as np
+import pytest
+
+from sim.config import ClusterSpec, DisaggregationSpec
+from sim.cost_model import create_step_batch, predict_step
+from sim.simulate import create_profile, simulate
+from sim.step_pricer import attention_s_by_item
+from sim.testing import small_config
+from sim.workloads import conversation_workload, punica_workload
+
+STRATEGIES = ("base", "multi_lora", "preft", "mol", "contextual_mol", "mol2", "multi_agent")
+METRICS = ("first_scheduled_s", "first_token_s", "finish_s")
+
+
+def both_modes(config, workload):
+    ref = simulate(config.model_copy(update={"mode": "reference"}), workload)
+    fast = simulate(config.model_copy(update={"mode": "fast"}), workload)
+    return ref, fast
+
+
+def assert_same_requests(ref, fast):
+    assert len(ref.requests) == len(fast.requests)
+    for col in METRICS:
+        np.testing.assert_allclose(fast.requests[col], ref.requests[col], rtol=1e-9)
+    for col in ("num_prefill_tokens_computed", "num_preemptions", "num_cached_tokens"):
+        np.testing.assert_array_equal(fast.requests[col], ref.requests[col])
+
+
+def conversations(seed, **kw):
+    params = dict(num_conversations=6, num_turns=3, num_domains=4, switch_probability=0.5,
+                  num_initial_context_tokens=300, num_user_tokens=40, num_reply_tokens=24,
+                  think_time_s=0.05, arrival_rate_per_s=40.0)
+    return conversation_workload(np.random.default_rng(seed), **{**params, **kw})
+
+
+@pytest.mark.parametrize("kind", STRATEGIES)
+def test_fast_equals_reference_on_conversations(kind):
+    extra = {"num_replicas": 4} if kind == "multi_agent" else {}
+    config = small_config(kind, max_num_seqs=8, **extra)
+    ref, fast = both_modes(config, conversations(1))
+    assert_same_requests(ref, fast)
+    assert fast.stats["num_engine_events"] < ref.stats["num_engine_events"]
+
+
+@pytest.mark.parametrize("kind", ("multi_lora", "preft", "base"))
+def test_fast_equals_reference_on_punica_with_preemption(kind):
+    # A small KV pool forces preemptions; Poisson arrivals cut decode runs.
+    config = small_config(kind, max_num_seqs=16, block_size=16, num_kv_blocks=60,
+                          max_loras=2, num_adapters=6)
+    workload = punica_workload(np.random.default_rng(3), num_requests=60, num_adapters=6,
+                               num_output_tokens=40, arrival_rate_per_s=400.0)
+    ref, fast = both_modes(config, workload)
+    assert ref.requests["num_preemptions"].sum() > 0
+    assert_same_requests(ref, fast)
+
+
+def test_fast_equals_reference_with_speculative_decoding_and_replicas():
+    config = small_config("multi_lora", max_num_seqs=8, num_speculative_tokens=3,
+                          mean_accepted_tokens=2.0, num_replicas=2, router="round_robin")
+    ref, fast = both_modes(config, conversations(2))
+    assert_same_requests(ref, fast)
+
+
+def test_fast_equals_reference_under_disaggregation():
+    config = small_config("mol2", max_num_seqs=8)
+    config = config.model_copy(update={"cluster": ClusterSpec(
+        disaggregation=DisaggregationSpec(num_prefill_workers=1, num_decode_workers=2))})
+    ref, fast = both_modes(config, conversations(4))
+    assert_same_requests(ref, fast)
+    hops = fast.requests["hop"].value_counts()
+    assert hops["prefill"] == hops["answer"] == len(fast.turns)  # each answer split in two
+    assert (fast.requests.loc[fast.requests.hop == "answer", "replica"] >= 1).all()
+
+
+@pytest.mark.parametrize("kind", ("multi_lora", "contextual_mol"))
+def test_attention_by_item_matches_the_cost_model(kind):
+    config = small_config(kind)
+    profile = create_profile(config)
+    rng = np.random.default_rng(0)
+    n = rng.integers(1, 300, size=12)
+    ctx = rng.integers(0, 5000, size=12)
+    first = rng.integers(0, profile.num_layers // 2, size=12)
+    last = rng.integers(profile.num_layers // 2 + 1, profile.num_layers + 1, size=12)
+    batch = create_step_batch(n, ctx, num_layers=profile.num_layers, first_layer=first,
+                              last_layer=last)
+    expected = predict_step(config.coeffs, profile, batch).attention_s
+    got = attention_s_by_item(config.coeffs, profile, n, ctx, first, last).sum()
+    assert got == pytest.approx(expected, rel=1e-12)
