@@ -236,7 +236,7 @@ def tidy(comparisons: dict[str, pd.DataFrame]) -> pd.DataFrame:
         numeric = [c for c in df.columns if c not in keys and pd.api.types.is_numeric_dtype(df[c])]
         long = df.melt(id_vars=[c for c in df.columns if c not in numeric] , value_vars=numeric,
                        var_name="metric", value_name="value")
-        frames.append(long.assign(comparison=name))
+        frames.append(long.dropna(subset=["value"]).assign(comparison=name))  # NaN: n/a
     out = pd.concat(frames, ignore_index=True)
     first = ["comparison", *keys, "metric", "value"]
     return out[first + [c for c in out.columns if c not in first]]

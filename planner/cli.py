@@ -16,8 +16,8 @@ from planner.scenario import Scenario
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan GPU capacity for serving many LoRA adapters on one base model.")
-console = Console()
-errors = Console(stderr=True)
+console = Console(soft_wrap=True, highlight=False)
+errors = Console(stderr=True, soft_wrap=True, highlight=False)
 
 BAD_INPUT_EXIT = 2
 

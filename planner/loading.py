@@ -83,9 +83,10 @@ class _LineIndex:
                 path.append(part)  # a missing field: name it although the file lacks it
         return path, line
 
-    def line_of(self, loc: tuple) -> int | None:
-        """Line of the deepest key of `loc` present in the file."""
-        return self._walk(loc)[1]
+    def line_of(self, loc: tuple) -> int:
+        """Line of the deepest key of `loc` present in the file (1 when the file leaves the whole
+        path to defaults, as for a default `hardware` too small for the model)."""
+        return self._walk(loc)[1] or 1
 
     def path_of(self, loc: tuple) -> str:
         """`loc` as the user wrote it: dotted keys, without union tags the file does not have."""
@@ -152,8 +153,19 @@ def scenario_from_text(text: str, source: str = "<string>") -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as err:
-        messages = [m for e in err.errors() for m in _format_error(e, source, index)]
+        errors = _without_echoes(err.errors())
+        messages = [m for e in errors for m in _format_error(e, source, index)]
         raise ScenarioError(messages) from None
+
+
+def _without_echoes(errors: list[dict]) -> list[dict]:
+    """Drop a container's "too short" error when one of its items failed: the item is the cause
+    (pydantic reports both for a non-empty tuple whose only item is invalid)."""
+    def has_item_error(loc: tuple) -> bool:
+        return any(tuple(e["loc"])[: len(loc)] == loc and len(e["loc"]) > len(loc)
+                   for e in errors)
+
+    return [e for e in errors if not (e["type"] == "too_short" and has_item_error(tuple(e["loc"])))]
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Annotated
 
+from pydantic import Field, model_validator
+
+from planner.base import FrozenModel
 from planner.strategies import SHARED_KV_KINDS, StrategyConfig
 from planner.workloads import ConversationWorkload, PunicaWorkload, WorkloadConfig
 from sim.catalogue import GPUS, MODELS
@@ -11,15 +14,14 @@ from sim.memory_model import memory_breakdown
 from sim.placement import kv_writing_decoder_layers, layers_out_of_range, placement_violations
 from sim.specs import GpuSpec, ModelArch
 
+PositiveInt = Annotated[int, Field(ge=1, le=100_000_000)]
+"""A count or length inside a grid: at least 1."""
+
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """Ranks vLLM accepts for max_lora_rank."""
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
-
-
-class HardwareConfig(_Frozen):
+class HardwareConfig(FrozenModel):
     """The GPUs of one replica."""
 
     gpu: str | GpuSpec = "H100-SXM"
@@ -48,7 +50,7 @@ class HardwareConfig(_Frozen):
         return GPUS[self.gpu] if isinstance(self.gpu, str) else self.gpu
 
 
-class DisaggregationConfig(_Frozen):
+class DisaggregationConfig(FrozenModel):
     """Prefill/decode disaggregation: separate workers joined by a KV transfer."""
 
     num_prefill_workers: int = Field(default=1, ge=1, le=10_000)
@@ -59,7 +61,7 @@ class DisaggregationConfig(_Frozen):
     """Link bandwidth for moving a request's KV from prefill to decode."""
 
 
-class SpeculativeConfig(_Frozen):
+class SpeculativeConfig(FrozenModel):
     """Speculative decoding."""
 
     num_speculative_tokens: int = Field(default=3, ge=1, le=64)
@@ -77,7 +79,7 @@ class SpeculativeConfig(_Frozen):
         return self
 
 
-class EngineConfig(_Frozen):
+class EngineConfig(FrozenModel):
     """Serving-engine limits, named as vLLM names them."""
 
     max_num_seqs: int = Field(default=256, ge=1, le=65_536)
@@ -113,7 +115,7 @@ class EngineConfig(_Frozen):
         return self
 
 
-class SloConfig(_Frozen):
+class SloConfig(FrozenModel):
     """Latency objectives; None means no constraint."""
 
     ttft_p50_s: float | None = Field(default=None, gt=0, le=86_400)
@@ -130,33 +132,33 @@ class SloConfig(_Frozen):
     """99th-percentile end-to-end latency."""
 
 
-class SearchSpaceConfig(_Frozen):
+class SearchSpaceConfig(FrozenModel):
     """What the capacity search may vary."""
 
     gpus: tuple[str, ...] = ("H100-SXM",)
     """Catalogue GPU kinds to try."""
-    tensor_parallel_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    tensor_parallel_sizes: tuple[PositiveInt, ...] = (1, 2, 4, 8)
     """TP degrees to try (one replica spans this many GPUs)."""
     max_num_replicas: int = Field(default=64, ge=1, le=100_000)
     """Largest scale-out considered."""
-    max_num_seqs: tuple[int, ...] = (256,)
+    max_num_seqs: tuple[PositiveInt, ...] = (256,)
     """Batch limits to try."""
-    max_loras: tuple[int, ...] = (4,)
+    max_loras: tuple[PositiveInt, ...] = (4,)
     """GPU adapter slots to try."""
 
 
-class AnalysisConfig(_Frozen):
+class AnalysisConfig(FrozenModel):
     """Grids of the analytical comparisons in the first report."""
 
-    context_tokens: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+    context_tokens: tuple[PositiveInt, ...] = (512, 1024, 2048, 4096, 8192, 16384, 32768)
     """Context lengths for KV and switch-cost curves."""
-    adapters_visited: tuple[int, ...] = (1, 2, 4, 8)
+    adapters_visited: tuple[PositiveInt, ...] = (1, 2, 4, 8)
     """Adapters a conversation visits, for KV per conversation."""
-    decode_tokens_per_turn: tuple[int, ...] = (16, 64, 256, 1024, 4096)
+    decode_tokens_per_turn: tuple[PositiveInt, ...] = (16, 64, 256, 1024, 4096)
     """Reply lengths for routing overhead per turn."""
-    decision_every_tokens: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
+    decision_every_tokens: tuple[PositiveInt, ...] = (16, 32, 64, 128, 256, 512)
     """Routing every k decoded tokens (agent tool calls)."""
-    distinct_adapters: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    distinct_adapters: tuple[PositiveInt, ...] = (1, 2, 4, 8, 16, 32)
     """Distinct adapters in a decode batch."""
     decode_batch_size: int = Field(default=32, ge=1, le=65_536)
     """Decode batch for the step-time curve."""
@@ -178,7 +180,7 @@ class AnalysisConfig(_Frozen):
         return self
 
 
-class Scenario(_Frozen):
+class Scenario(FrozenModel):
     """One planning question: hardware, model, engine, strategies, workload, SLOs, search space."""
 
     name: str = Field(default="scenario", min_length=1)
@@ -197,7 +199,8 @@ class Scenario(_Frozen):
     """Requests to serve."""
     slo: SloConfig = SloConfig()
     """Latency objectives."""
-    gpu_prices_per_hour_usd: dict[str, float] = Field(default_factory=dict)
+    gpu_prices_per_hour_usd: dict[str, Annotated[float, Field(ge=0, le=10_000)]] = Field(
+        default_factory=dict)
     """Price per GPU-hour by catalogue GPU name, overriding the catalogue's defaults."""
     search: SearchSpaceConfig = SearchSpaceConfig()
     """What the capacity search may vary."""

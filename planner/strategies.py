@@ -4,19 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from planner.base import FrozenModel
 from sim.specs import LoraModule
 
 SHARED_KV_KINDS = ("contextual_mol", "mol2")
 """Strategies that keep one shared KV copy and therefore restrict where LoRA may sit."""
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
-
-
-class AdapterConfig(_Frozen):
+class AdapterConfig(FrozenModel):
     """One domain adapter."""
 
     name: str = Field(min_length=1)
@@ -30,7 +27,7 @@ class AdapterConfig(_Frozen):
     placement rule allows (layer-20 FFN and layers 21-39 on the CED model)."""
 
 
-class _StrategyBase(_Frozen):
+class _StrategyBase(FrozenModel):
     name: str | None = Field(default=None, min_length=1)
     """Label of this strategy in reports; None uses `kind`."""
     model: str | None = None

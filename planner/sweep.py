@@ -14,16 +14,15 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from planner.base import FrozenModel
 from planner.loading import ScenarioError, parse_yaml, scenario_from_text
 from planner.scenario import Scenario
 
 
-class SweepParameter(BaseModel):
+class SweepParameter(FrozenModel):
     """One varied field."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     field: str = Field(min_length=1)
     """Dotted path into the scenario, e.g. `workload.switch_probability` or `hardware.gpu`."""
@@ -31,10 +30,8 @@ class SweepParameter(BaseModel):
     """Values the field takes."""
 
 
-class SweepSpec(BaseModel):
+class SweepSpec(FrozenModel):
     """A sweep over one base scenario."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     """Sweep name; results go to out/<name>/."""

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from planner.base import FrozenModel
 
 MAX_RATE_PER_S = 1e6
 """Above a million requests per second per scenario a rate is a typo, not a workload."""
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
-
-
-class PunicaWorkload(_Frozen):
+class PunicaWorkload(FrozenModel):
     """Punica's multi-adapter benchmark: lognormal prompts, fixed outputs, one of four mixes."""
 
     kind: Literal["punica"] = "punica"
@@ -41,7 +39,7 @@ class PunicaWorkload(_Frozen):
     """Poisson arrival rate; None submits every request at time 0 (the original benchmark)."""
 
 
-class ConversationWorkload(_Frozen):
+class ConversationWorkload(FrozenModel):
     """Multi-turn conversations whose domain walks a Markov chain over the adapters."""
 
     kind: Literal["conversations"] = "conversations"
@@ -70,7 +68,7 @@ class ConversationWorkload(_Frozen):
         return self.num_initial_context_tokens + self.num_turns * per_turn
 
 
-class TraceColumns(_Frozen):
+class TraceColumns(FrozenModel):
     """Which columns of a trace file hold what."""
 
     arrival_time: str = "timestamp"
@@ -85,7 +83,7 @@ class TraceColumns(_Frozen):
     """Adapter/client column, or None to draw adapters uniformly."""
 
 
-class TraceWorkload(_Frozen):
+class TraceWorkload(FrozenModel):
     """Replay of a request trace file (Azure, Mooncake, ServeGen-derived)."""
 
     kind: Literal["trace"] = "trace"
