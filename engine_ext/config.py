@@ -106,7 +106,7 @@ PRESETS: dict[str, EngineConfig] = {
     "ced40_scaled": EngineConfig(
         vocab_size=260, d_model=64, num_heads=4, d_ff=128, num_layers=40, num_encoder_layers=20,
         kv_source_layers=(2, 8, 14, 20), index_layers=(2, 8, 14, 20, 24, 28, 32, 36),
-        window=128, d_latent=32, d_index=16, index_topk=64,
+        window=128, d_latent=32, d_index=16, num_index_heads=1, index_topk=64,
     ),
 }
 
