@@ -141,12 +141,8 @@ class Engine:
     def _cached_prefix(self, seq: Sequence) -> list:
         if seq.num_computed_tokens or not self.kv.enable_prefix_caching or not seq.is_cacheable:
             return []
-        keys = []
-        for index in range((seq.num_tokens - 1) // self.block_size):
-            key = seq.block_key(index, self.block_size)
-            if key is None:
-                break
-            keys.append(key)
+        keys = seq.block_keys_between(0, (seq.num_tokens - 1) // self.block_size,
+                                      self.block_size)
         return keys[: self.kv.count_cached_prefix(keys)]
 
     def _admit(self, plan: StepPlan, budget: int, now: float) -> None:
@@ -264,14 +260,13 @@ class Engine:
     def _register_full_blocks(self, seq: Sequence) -> None:
         if seq.last_layer >= 0 or not seq.is_cacheable:
             return  # a pass over some layers only leaves no reusable whole-model KV
-        bs = self.block_size
-        num_full = seq.num_computed_tokens // bs
-        for index in range(seq.num_registered_blocks, num_full):
-            key = seq.block_key(index, bs)
-            if key is None:
-                break
-            if seq.block_keys[index] is None and self.kv.register(key):
-                seq.block_keys[index] = key
+        num_full = seq.num_computed_tokens // self.block_size
+        start = seq.num_registered_blocks
+        held, register = seq.block_keys, self.kv.register
+        for index, key in enumerate(seq.block_keys_between(start, num_full, self.block_size),
+                                    start):
+            if held[index] is None and register(key):
+                held[index] = key
         seq.num_registered_blocks = num_full
 
     def _finish(self, seq: Sequence, now: float) -> None:

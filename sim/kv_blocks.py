@@ -47,12 +47,11 @@ class KvBlockManager:
         """Leading keys found in the cache (stops at the first miss or uncacheable block)."""
         if not self.enable_prefix_caching:
             return 0
-        count = 0
-        for key in keys:
-            if key is None or key not in self._refs:
-                break
-            count += 1
-        return count
+        refs = self._refs
+        for count, key in enumerate(keys):
+            if key not in refs:
+                return count
+        return len(keys)
 
     def count_evictable(self, keys: list[Hashable]) -> int:
         """How many of `keys` (all cached) sit unreferenced in the LRU list."""

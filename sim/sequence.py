@@ -97,15 +97,16 @@ class Sequence:
         """Whether any block can carry a cache key."""
         return self.stream_id != PRIVATE_STREAM or self.hash_ids is not None
 
-    def block_key(self, index: int, block_size: int) -> Hashable | None:
-        """Cache key of block `index`, or None when the block holds private tokens."""
-        if (index + 1) * block_size > self.num_stream_tokens:
-            return None
-        if self.hash_ids is not None:
-            trace_block = index * block_size // self.hash_block_tokens
-            if trace_block >= len(self.hash_ids):
-                return None
-            return (self.kv_namespace, self.hash_ids[trace_block], index)
-        if self.stream_id == PRIVATE_STREAM:
-            return None
-        return (self.kv_namespace, self.stream_id, index)
+    def block_keys_between(self, start: int, stop: int, block_size: int) -> list:
+        """Cache keys of blocks start..stop-1, cut at the first block holding private tokens."""
+        stop = min(stop, self.num_stream_tokens // block_size)
+        if stop <= start:
+            return []
+        ns = self.kv_namespace
+        if self.hash_ids is None:
+            sid = self.stream_id
+            return [] if sid == PRIVATE_STREAM else [(ns, sid, j) for j in range(start, stop)]
+        ids, per_id = self.hash_ids, self.hash_block_tokens
+        stop = min(stop, -(-len(ids) * per_id // block_size))
+        return [(ns, ids[j * block_size // per_id], j) for j in range(start, stop)
+                if j * block_size // per_id < len(ids)]

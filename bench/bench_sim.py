@@ -1,0 +1,99 @@
+"""Simulator speed: simulated requests per wall-second and peak memory, fast path vs reference.
+
+Runs a Punica-style workload (1,000-request benchmark scaled up: lognormal prompts, 128 output
+tokens, uniform mix over 8 adapters, all submitted at once, max batch 32) and a multi-turn
+conversation workload at 10k, 100k and 1M requests, each case in a fresh process so that its
+peak RSS is its own. Prints a table and writes out/bench/sim.json.
+
+    .venv/bin/python bench/bench_sim.py                 # 10k and 100k, fast path
+    .venv/bin/python bench/bench_sim.py --sizes 1000000 # the 1M case
+    .venv/bin/python bench/bench_sim.py --reference     # also the step-by-step reference (10k)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import platform
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+
+OUT = Path(__file__).resolve().parents[1] / "out" / "bench" / "sim.json"
+
+
+def _workload(kind: str, num_requests: int):
+    from sim.workloads import conversation_workload, punica_workload
+
+    rng = np.random.default_rng(0)
+    if kind == "punica":
+        return punica_workload(rng, num_requests=num_requests, num_adapters=8,
+                               popularity="uniform", num_output_tokens=128)
+    num_turns = 5
+    return conversation_workload(
+        rng, num_conversations=num_requests // num_turns, num_turns=num_turns, num_domains=4,
+        switch_probability=0.3, num_initial_context_tokens=1024, num_user_tokens=128,
+        num_reply_tokens=128, think_time_s=5.0, arrival_rate_per_s=2.0)
+
+
+def _case(kind: str, num_requests: int, mode: str, queue) -> None:
+    from sim.simulate import simulate
+    from sim.testing import small_config
+
+    workload = _workload(kind, num_requests)
+    config = small_config("multi_lora", mode=mode, max_num_seqs=32, max_loras=8,
+                          num_adapters=8).model_copy(update={"check_invariants": False})
+    start = time.perf_counter()
+    result = simulate(config, workload, timeseries_interval_s=10.0)
+    wall = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    queue.put(dict(workload=kind, mode=mode, num_requests=len(result.requests), wall_s=wall,
+                   requests_per_wall_s=len(result.requests) / wall,
+                   engine_steps=result.stats["num_engine_steps"],
+                   engine_events=result.stats["num_engine_events"],
+                   peak_rss_gib=peak / 2**30,
+                   simulated_s=float(result.turns["done_s"].max())))
+
+
+def run_case(kind: str, num_requests: int, mode: str) -> dict:
+    """One benchmark case in its own process."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_case, args=(kind, num_requests, mode, queue))
+    proc.start()
+    row = queue.get()
+    proc.join()
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--workloads", nargs="+", default=["punica", "conversations"])
+    parser.add_argument("--reference", action="store_true",
+                        help="also time the step-by-step reference at the smallest size")
+    args = parser.parse_args()
+    rows = []
+    for kind in args.workloads:
+        for size in args.sizes:
+            rows.append(run_case(kind, size, "fast"))
+        if args.reference:
+            rows.append(run_case(kind, min(args.sizes), "reference"))
+    header = f"{'workload':<14}{'mode':<10}{'requests':>10}{'wall s':>9}{'req/s':>10}" \
+             f"{'steps':>11}{'events':>9}{'peak GiB':>10}"
+    print(header)
+    for r in rows:
+        print(f"{r['workload']:<14}{r['mode']:<10}{r['num_requests']:>10}{r['wall_s']:>9.2f}"
+              f"{r['requests_per_wall_s']:>10.0f}{r['engine_steps']:>11}{r['engine_events']:>9}"
+              f"{r['peak_rss_gib']:>10.2f}")
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(dict(python=platform.python_version(), machine=platform.machine(),
+                                   rows=rows), indent=2))
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
