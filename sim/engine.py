@@ -109,8 +109,9 @@ class Engine:
             if need > self.kv.num_free:
                 self._preempt(seq, plan)
                 continue
-            self.kv.allocate(need)
-            seq.block_keys.extend([None] * need)
+            if need > 0:
+                self.kv.allocate(need)
+                seq.block_keys.extend([None] * need)
             if seq.is_prefilling:
                 plan.prefills.append((seq, num_new))
                 self._note_prompt_end(seq, num_new, plan)
