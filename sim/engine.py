@@ -253,8 +253,10 @@ class Engine:
             self._finish(seq, now)
         if self.check_invariants:
             self.kv.check_invariants()
-            held = sum(len(s.block_keys) for s in self.running)
-            assert held <= self.kv.num_used, (held, self.kv.num_used)
+            # Sequences sharing a cached prefix hold the same blocks: count each block once.
+            keys = [k for s in self.running for k in s.block_keys]
+            held = keys.count(None) + len(set(keys) - {None})
+            assert held == self.kv.num_used, (held, self.kv.num_used)
             assert len({s.adapter for s in self.running if s.adapter >= 0}) <= self.slots.max_loras
         return finished
 
