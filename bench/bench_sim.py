@@ -73,6 +73,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--workloads", nargs="+", default=["punica", "conversations"])
+    parser.add_argument("--out", type=Path, default=OUT, help="JSON file to write")
     parser.add_argument("--reference", action="store_true",
                         help="also time the step-by-step reference at the smallest size")
     args = parser.parse_args()
@@ -89,10 +90,10 @@ def main() -> None:
         print(f"{r['workload']:<14}{r['mode']:<10}{r['num_requests']:>10}{r['wall_s']:>9.2f}"
               f"{r['requests_per_wall_s']:>10.0f}{r['engine_steps']:>11}{r['engine_events']:>9}"
               f"{r['peak_rss_gib']:>10.2f}")
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(dict(python=platform.python_version(), machine=platform.machine(),
-                                   rows=rows), indent=2))
-    print(f"wrote {OUT}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(dict(python=platform.python_version(),
+                                        machine=platform.machine(), rows=rows), indent=2))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

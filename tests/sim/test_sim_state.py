@@ -1,0 +1,80 @@
+"""Plain state objects on their own: KV blocks with the prefix cache, adapter slots, workload
+generators."""
+
+import numpy as np
+import pytest
+
+from sim.adapter_slots import AdapterSlots
+from sim.kv_blocks import KvBlockManager, KvCapacityError
+from sim.workloads import conversation_workload, popularity_domains, punica_workload
+
+
+def test_prefix_cache_hits_then_lru_eviction():
+    kv = KvBlockManager(num_blocks=4, block_size=16, enable_prefix_caching=True)
+    kv.allocate(3)
+    for key in ("a", "b", "c"):
+        assert kv.register(key)
+    kv.release(["a", "b", "c"])  # tail first: c, then b, then a become evictable
+    assert (kv.num_free, kv.num_used, kv.num_cached) == (4, 0, 3)
+    assert kv.count_cached_prefix(["a", "b", "x", "c"]) == 2
+    kv.acquire_cached(["a"])
+    kv.allocate(2)  # one uncached block, then evict the LRU evictable block: c
+    assert kv.num_evictions == 1 and kv.count_cached_prefix(["a", "b"]) == 2
+    assert kv.count_cached_prefix(["c"]) == 0
+    with pytest.raises(KvCapacityError):
+        kv.allocate(2)
+    kv.check_invariants()
+
+
+def test_duplicate_registration_and_disabled_cache():
+    kv = KvBlockManager(num_blocks=2, block_size=16, enable_prefix_caching=True)
+    kv.allocate(2)
+    assert kv.register("a") and not kv.register("a")
+    off = KvBlockManager(num_blocks=2, block_size=16, enable_prefix_caching=False)
+    off.allocate(1)
+    assert not off.register("a") and off.count_cached_prefix(["a"]) == 0
+
+
+def test_adapter_slots_pin_load_and_evict():
+    slots = AdapterSlots(max_loras=2, max_cpu_loras=2, load_s=[0.1, 0.2, 0.3])
+    assert slots.activate(0) == 0.1 and slots.activate(0) == 0.0
+    assert slots.activate(1) == 0.2
+    assert not slots.can_activate(2)  # both slots pinned
+    slots.release(1)
+    assert slots.can_activate(2) and slots.activate(2) == 0.3
+    assert slots.resident == (0, 2)
+    assert (slots.num_loads, slots.num_cold_loads) == (3, 3)
+    slots.release(2)
+    # Adapter 1 left the GPU but stays in the 2-entry CPU cache (loading 2 evicted the CPU's
+    # least recent entry, adapter 0): a warm load.
+    assert slots.activate(1) == 0.2 and slots.resident == (0, 1)
+    assert (slots.num_loads, slots.num_cold_loads) == (4, 3)
+
+
+def test_punica_mixes():
+    rng = np.random.default_rng(0)
+    assert (popularity_domains(rng, 100, 8, "identical") == 0).all()
+    distinct = popularity_domains(rng, 96, 8, "distinct")
+    assert (np.bincount(distinct) == 12).all()
+    skewed = np.bincount(popularity_domains(rng, 20_000, 8, "skewed"), minlength=8)
+    # Zipf(1) over 8: adapter 0 has weight 1/H_8 = 0.368, adapter 1 half of that.
+    assert skewed[0] / 20_000 == pytest.approx(1 / sum(1 / k for k in range(1, 9)), abs=0.01)
+    assert skewed[1] / skewed[0] == pytest.approx(0.5, abs=0.03)
+    w = punica_workload(rng, num_requests=5000, num_adapters=4, max_prompt_tokens=64)
+    assert w.turn_user_tokens.min() >= 1 and w.turn_user_tokens.max() <= 64
+    assert (w.conv_arrival_s == 0).all()
+    # Lognormal(0.8) median is scale * 1 + loc = 17 tokens.
+    assert np.median(w.turn_user_tokens) == pytest.approx(17, abs=1)
+
+
+def test_conversations_walk_domains_and_grow_context():
+    rng = np.random.default_rng(1)
+    w = conversation_workload(rng, num_conversations=400, num_turns=5, num_domains=4,
+                              switch_probability=0.3, num_initial_context_tokens=100,
+                              num_user_tokens=10, num_reply_tokens=20, think_time_s=2.0)
+    domains = w.turn_domain.reshape(400, 5)
+    switch_rate = (np.diff(domains, axis=1) != 0).mean()
+    assert switch_rate == pytest.approx(0.3, abs=0.03)
+    assert w.max_context_tokens() == 100 + 5 * 30
+    think = w.turn_think_s.reshape(400, 5)
+    assert (think[:, 0] == 0).all() and think[:, 1:].mean() == pytest.approx(2.0, rel=0.1)
