@@ -27,14 +27,14 @@ class Disaggregation:
 
     def run(self, driver, fields: dict, rec):
         """Prefill on the turn's prefill worker, transfer, decode on a decode worker."""
-        prefill = driver._new_seq(dict(fields, hop="prefill", num_output_tokens=1))
+        prefill = driver.new_seq(dict(fields, hop="prefill", num_output_tokens=1))
         driver.router.replicas[rec.replica].submit(prefill)
         yield prefill.done
         driver.recorder.on_seq(prefill, rec)
         yield driver.env.timeout(self.transfer_s(prefill.num_prompt_tokens))
         decode_fields = dict(fields, num_replay_tokens=0, num_routing_decisions=0,
                              is_kv_preloaded=True)
-        decode = driver._new_seq(decode_fields)
+        decode = driver.new_seq(decode_fields)
         decode.num_generated_tokens = 1
         decode.first_token_s = prefill.first_token_s
         replica = self.decode_router.choose(0, decode.adapter, None)

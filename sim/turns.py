@@ -149,7 +149,8 @@ class TurnDriver:
                 last_layer=self.routing_last_layer, num_routing_decisions=1), rec)
         rec.route_s = self.env.now - start
 
-    def _new_seq(self, fields: dict) -> Sequence:
+    def new_seq(self, fields: dict) -> Sequence:
+        """A sequence submitted now, with its completion event."""
         self._num_seqs += 1
         seq = Sequence(seq_id=self._num_seqs, submit_s=self.env.now, **fields)
         seq.done = self.env.event()
@@ -160,7 +161,7 @@ class TurnDriver:
         if self.disaggregation is not None and fields["num_output_tokens"] > 0 \
                 and fields.get("last_layer", -1) < 0:
             return (yield from self.disaggregation.run(self, fields, rec))
-        seq = self._new_seq(fields)
+        seq = self.new_seq(fields)
         replica.submit(seq)
         yield seq.done
         self.recorder.on_seq(seq, rec)
