@@ -58,26 +58,61 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Scenario YAML fil
 @app.command()
 def run(
     files: Annotated[list[Path], typer.Argument(help="Scenario YAML files.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for reports, tables.")] = Path(
-        "out"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output root folder.")] = Path("out"),
+    backend: Annotated[str, typer.Option(help="local (processes), ray, or inline.")] = "local",
+    address: Annotated[str | None, typer.Option(help="Ray cluster address.")] = None,
+    workers: Annotated[int | None, typer.Option(help="Local worker processes.")] = None,
 ):
-    """Compare every strategy of each scenario; write an HTML report and tidy tables."""
+    """Plan capacity, simulate and compare every strategy of each scenario; write a report.
+
+    Finished points are kept under OUT/<name>/points: rerun the same command to resume.
+    """
     from planner.run import run_scenario_file
 
+    _check_backend(backend)
     problems: list[str] = []
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("scenarios", total=len(files))
-        for path in files:
-            try:
-                result = run_scenario_file(path, out)
-            except ScenarioError as err:
-                problems += err.messages
-            else:
-                console.print(f"report: {result.report_path}")
-                console.print(f"tables: {result.table_paths[0].parent} (parquet and CSV)")
-            progress.advance(task)
+    try:
+        with Progress(console=console, transient=True) as progress:
+            for path in files:
+                task = progress.add_task(f"{path.name}", total=None)
+                try:
+                    result = run_scenario_file(
+                        path, out, backend=backend, num_workers=workers, ray_address=address,
+                        on_progress=lambda done, total, t=task: progress.update(
+                            t, completed=done, total=total))
+                except ScenarioError as err:
+                    problems += err.messages
+                    continue
+                _print_plan(result)
+    except KeyboardInterrupt:
+        errors.print("interrupted: finished points are kept; run the same command to resume")
+        raise typer.Exit(130) from None
     if problems:
         _fail(problems)
+
+
+def _print_plan(result) -> None:
+    plans = result.plans
+    console.print(f"[bold]{result.scenario.name}[/bold]: capacity plan")
+    for row in plans.to_dict(orient="records"):
+        if row.get("is_feasible"):
+            console.print(
+                f"  {row['strategy']:<22} {row['num_gpus']:>4} x {row['gpu']:<9} "
+                f"(TP={row['tensor_parallel_size']}, {row['num_replicas']} replicas)  "
+                f"{row['cost_per_hour_usd']:8.2f} USD/h  "
+                f"{row['cost_per_million_tokens_usd']:8.3f} USD/M tokens  "
+                f"p99 TTFT {row['ttft_p99_s']:.3f}s TPOT {row['tpot_p99_s']:.4f}s")
+        else:
+            console.print(f"  {row['strategy']:<22} infeasible: {row.get('reason')}")
+    for key, message in result.errors.items():
+        errors.print(f"point {key} failed: {message}", markup=False)
+    console.print(f"report: {result.report_path}")
+    console.print(f"tables: {result.table_paths[0].parent} (parquet and CSV)")
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in ("local", "ray", "inline"):
+        _fail([f"--backend: {backend!r} is not allowed; allowed: local, ray, inline"])
 
 
 @app.command()
@@ -91,8 +126,7 @@ def sweep(
     """Run (or resume) a sweep: every point of the grid, a tidy table and a report."""
     from planner.sweep_run import run_sweep
 
-    if backend not in ("local", "ray", "inline"):
-        _fail([f"--backend: {backend!r} is not allowed; allowed: local, ray, inline"])
+    _check_backend(backend)
     try:
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("points", total=None)

@@ -68,3 +68,48 @@ COMPARISON_FIGURES = {
     "decode_step_vs_adapters": decode_step_figure,
 }
 """Comparison name -> its figure builder."""
+
+
+def pareto_figure(trials: pd.DataFrame) -> go.Figure:
+    """Cost per hour vs p99 end-to-end latency of every deployment tried at the target rate."""
+    data = trials.dropna(subset=["e2e_p99_s"]).assign(
+        slo=lambda d: d["meets_slo"].map({True: "meets SLOs", False: "misses SLOs"}))
+    fig = px.scatter(data, x="cost_per_hour_usd", y="e2e_p99_s", color="strategy",
+                     symbol="slo", log_y=True,
+                     hover_data=["gpu", "tensor_parallel_size", "num_replicas", "max_num_seqs",
+                                 "ttft_p99_s", "tpot_p99_s"],
+                     labels={"cost_per_hour_usd": "cost (USD per hour)",
+                             "e2e_p99_s": "p99 end-to-end per turn (s)"},
+                     title="Deployments tried at the target rate: cost vs p99 latency")
+    return fig.update_layout(**_LAYOUT)
+
+
+def sim_latency_figure(summary: pd.DataFrame) -> go.Figure:
+    """p50 and p99 of TTFT, TPOT and end-to-end per strategy, from the simulation."""
+    cols = [c for c in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s",
+                        "e2e_p99_s") if c in summary.columns]
+    long = summary.melt(id_vars=["strategy"], value_vars=cols, var_name="metric",
+                        value_name="seconds")
+    fig = px.bar(long, x="metric", y="seconds", color="strategy", barmode="group", log_y=True,
+                 title="Simulated latency on the scenario's hardware")
+    return fig.update_layout(**_LAYOUT)
+
+
+def kv_timeline_figure(timeseries: pd.DataFrame) -> go.Figure:
+    """KV blocks in use over simulated time, per strategy (summed over replicas)."""
+    data = timeseries.groupby(["strategy", "time_s"], as_index=False)["kv_blocks_used"].sum()
+    fig = px.line(data, x="time_s", y="kv_blocks_used", color="strategy",
+                  labels={"time_s": "simulated time (s)", "kv_blocks_used": "KV blocks in use"},
+                  title="KV blocks in use over time")
+    return fig.update_layout(**_LAYOUT)
+
+
+def switch_hops_figure(turns: pd.DataFrame) -> go.Figure:
+    """Tokens recomputed or replayed per turn, switch turns vs others, per strategy."""
+    data = turns.assign(turn=turns["is_switch"].map({True: "switch", False: "no switch"}))
+    data["tokens"] = data["num_recomputed_tokens"] + data["num_replay_tokens"]
+    grouped = data.groupby(["strategy", "turn"], as_index=False)["tokens"].mean()
+    fig = px.bar(grouped, x="strategy", y="tokens", color="turn", barmode="group",
+                 labels={"tokens": "tokens recomputed or replayed per turn (mean)"},
+                 title="Switch cost in the simulation: recomputed and replayed tokens")
+    return fig.update_layout(template="plotly_white", height=420)

@@ -16,6 +16,9 @@ from pydantic import BaseModel, ValidationError
 
 from planner.scenario import Scenario
 
+_PATH_PREFIX = re.compile(r"^[A-Za-z_]\w*(\.\w+)*: ")
+"""Cross-field rules start each problem with the field path they are about: "a.b.0.c: ..."."""
+
 
 class ScenarioError(Exception):
     """A scenario file that cannot be used; `messages` holds one located line per problem."""
@@ -129,10 +132,13 @@ def _format_error(err: dict, source: str, index: _LineIndex) -> list[str]:
         keys = allowed_keys(loc)
         msg = f"unknown key {loc[-1]!r}" + (f"; allowed keys: {keys}" if keys else "")
         return [f"{source}:{index.line_of(loc) or '?'}: {index.path_of(loc)}: {msg}"]
-    if err["type"] == "value_error" and ":" in msg:
+    if err["type"] == "value_error" and _PATH_PREFIX.match(msg):
         # Cross-field rules name their own field paths, one problem a line: "a.b.0.c: ..."
         lines = []
         for problem in msg.split("\n"):
+            if not _PATH_PREFIX.match(problem):
+                lines.append(f"{source}:{index.line_of(loc)}: {index.path_of(loc)}: {problem}")
+                continue
             path = problem.split(":", 1)[0]
             sub = tuple(int(p) if p.isdigit() else p for p in path.split("."))
             line = index.line_of(loc + sub) or index.line_of(loc) or "?"

@@ -1,15 +1,24 @@
-"""The main job for one scenario file: compare strategies, write the report and tidy tables."""
+"""The main job for one scenario file: plan capacity, simulate and compare every strategy."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from planner.analysis import run_comparisons, tidy
-from planner.figures import COMPARISON_FIGURES
+from planner.figures import (
+    COMPARISON_FIGURES,
+    kv_timeline_figure,
+    pareto_figure,
+    sim_latency_figure,
+    switch_hops_figure,
+)
 from planner.loading import load_scenario
+from planner.plan_points import plan_point, scenario_tasks, simulate_point
+from planner.points import PointStore, run_points
 from planner.report import ReportSection, render_html, timestamp, write_atomic, write_table
 from planner.scenario import Scenario
 
@@ -51,6 +60,8 @@ class RunResult:
     report_path: Path
     table_paths: list[Path]
     comparisons: dict[str, pd.DataFrame]
+    plans: pd.DataFrame
+    errors: dict[str, str]
 
 
 def _sections(comparisons: dict[str, pd.DataFrame]) -> list[ReportSection]:
@@ -62,18 +73,114 @@ def _sections(comparisons: dict[str, pd.DataFrame]) -> list[ReportSection]:
     return sections
 
 
-def run_scenario_file(path: str | Path, out_root: str | Path = "out") -> RunResult:
-    """Load a scenario, compare its strategies, write `out_root/<name>/report.html` and tables."""
+def _plan_sections(plans: pd.DataFrame, trials: pd.DataFrame) -> list[ReportSection]:
+    if plans.empty:
+        return []
+    text = ("The cheapest deployment per strategy that serves the workload's arrival rate within "
+            "the SLOs: per-replica capacity by bisection on the rate with the simulator, then "
+            "scale-out, verified at the target rate. Metrics are means over seeds with their "
+            "min and max.")
+    runner_ups = trials[trials["kind"] == "runner_up"] if not trials.empty else trials
+    at_target = trials[trials["kind"] == "trial"] if not trials.empty else trials
+    figures = [pareto_figure(at_target)] if not at_target.empty else []
+    return [ReportSection("Capacity plan", text, figures, [_plan_table(plans)]),
+            ReportSection("Runner-ups", "Other verified deployments, cheapest first.", [],
+                          [runner_ups.drop(columns="kind")] if not runner_ups.empty else [])]
+
+
+_PLAN_COLUMNS = (
+    "strategy", "is_feasible", "gpu", "num_gpus", "tensor_parallel_size", "num_replicas",
+    "cost_per_hour_usd", "cost_per_million_tokens_usd", "per_replica_rate_per_s",
+    "ttft_p99_s", "ttft_p99_s_min", "ttft_p99_s_max", "tpot_p99_s", "e2e_p99_s",
+    "e2e_p99_s_min", "e2e_p99_s_max", "output_tokens_per_s", "max_num_seqs", "max_loras",
+    "reason",
+)
+
+
+def _plan_table(plans: pd.DataFrame) -> pd.DataFrame:
+    """The plan's key columns first (the full table is in the table files)."""
+    return plans[[c for c in _PLAN_COLUMNS if c in plans.columns]]
+
+
+def _sim_sections(summary: pd.DataFrame, turns: pd.DataFrame,
+                  timeseries: pd.DataFrame) -> list[ReportSection]:
+    if summary.empty:
+        return []
+    text = ("Every strategy simulated on the scenario's own hardware and workload: throughput, "
+            "latency percentiles, goodput under the SLOs, preemptions and switch recomputation.")
+    figures = [sim_latency_figure(summary)]
+    if not timeseries.empty:
+        figures.append(kv_timeline_figure(timeseries))
+    if not turns.empty:
+        figures.append(switch_hops_figure(turns))
+    return [ReportSection("Simulation", text, figures, [summary])]
+
+
+def _collect(records: dict[str, dict]) -> tuple[dict[str, pd.DataFrame], dict[str, str]]:
+    plans, trials, summary, turns, series, errors = [], [], [], [], [], {}
+    for key, record in records.items():
+        if record["status"] != "ok":
+            errors[key] = record["error"]
+            continue
+        r = record["result"]
+        if key.startswith("plan-"):
+            chosen = r["chosen"] or {"strategy": r["strategy"]}
+            plans.append(dict(chosen, is_feasible=r["is_feasible"], reason=r["reason"]))
+            trials += [dict(t, kind="runner_up") for t in r["runner_ups"]]
+            trials += [dict(t, kind="trial") for t in r["trials"]]
+        else:
+            summary.append({"strategy": r["strategy"], **r["summary"]})
+            turns += [dict(t, strategy=r["strategy"]) for t in r["turns"]]
+            series += [dict(t, strategy=r["strategy"]) for t in r["timeseries"]]
+    frames = dict(plans=plans, plan_trials=trials, sim_summary=summary, sim_turns=turns,
+                  sim_timeseries=series)
+    return {k: pd.DataFrame(v) for k, v in frames.items()}, errors
+
+
+def run_scenario_file(
+    path: str | Path, out_root: str | Path = "out", *, backend: str = "local",
+    num_workers: int | None = None, ray_address: str | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> RunResult:
+    """Compare, simulate and plan every strategy of a scenario; write report and tables.
+
+    Simulations and plans are points stored under out/<name>/points as they finish, so an
+    interrupted run resumes without recomputing them.
+    """
     path = Path(path)
     scenario = load_scenario(path)
     out_dir = Path(out_root) / scenario.name
     comparisons = run_comparisons(scenario)
+    tasks = scenario_tasks(scenario, "sim") + scenario_tasks(scenario, "plan")
+    done = [0]
+
+    def on_done(task, record):
+        done[0] += 1
+        if on_progress:
+            on_progress(done[0], len(tasks))
+
+    records = run_points(tasks, _run_point, PointStore(out_dir / "points"), backend=backend,
+                         num_workers=num_workers, ray_address=ray_address, on_done=on_done)
+    frames, errors = _collect(records)
     tables = write_table(tidy(comparisons), out_dir / "comparisons")
-    for name, df in comparisons.items():
-        tables += write_table(df, out_dir / "tables" / name)
+    for name, df in {**comparisons, **frames}.items():
+        if not df.empty:
+            tables += write_table(df, out_dir / "tables" / name)
+    sections = (_plan_sections(frames["plans"], frames["plan_trials"])
+                + _sim_sections(frames["sim_summary"], frames["sim_turns"],
+                                frames["sim_timeseries"])
+                + _sections(comparisons))
+    if errors:
+        failed = pd.DataFrame([{"point": k, "error": v} for k, v in errors.items()])
+        sections.append(ReportSection("Failed points", "These points raised; rerun to retry.",
+                                      [], [failed]))
     subtitle = f"{scenario.description.strip()} Generated {timestamp()} from {path}."
-    page = render_html(f"molcap: {scenario.name}", subtitle, _sections(comparisons),
+    page = render_html(f"molcap: {scenario.name}", subtitle, sections,
                        path.read_text(encoding="utf-8"))
     report = out_dir / "report.html"
     write_atomic(report, page.encode("utf-8"))
-    return RunResult(scenario, report, tables, comparisons)
+    return RunResult(scenario, report, tables, comparisons, frames["plans"], errors)
+
+
+def _run_point(payload: dict) -> dict:
+    return plan_point(payload) if payload["what"] == "plan" else simulate_point(payload)

@@ -133,18 +133,24 @@ class SloConfig(FrozenModel):
 
 
 class SearchSpaceConfig(FrozenModel):
-    """What the capacity search may vary."""
+    """What the capacity search may vary; an unset list keeps the scenario's own value."""
 
-    gpus: tuple[str, ...] = ("H100-SXM",)
-    """Catalogue GPU kinds to try."""
-    tensor_parallel_sizes: tuple[PositiveInt, ...] = (1, 2, 4, 8)
-    """TP degrees to try (one replica spans this many GPUs)."""
+    gpus: tuple[str, ...] | None = None
+    """Catalogue GPU kinds to try; None: the scenario's hardware.gpu."""
+    tensor_parallel_sizes: tuple[PositiveInt, ...] | None = None
+    """TP degrees to try (one replica spans this many GPUs); None: the scenario's."""
     max_num_replicas: int = Field(default=64, ge=1, le=100_000)
     """Largest scale-out considered."""
-    max_num_seqs: tuple[PositiveInt, ...] = (256,)
-    """Batch limits to try."""
-    max_loras: tuple[PositiveInt, ...] = (4,)
-    """GPU adapter slots to try."""
+    max_num_seqs: tuple[PositiveInt, ...] | None = None
+    """Batch limits to try; None: engine.max_num_seqs."""
+    max_loras: tuple[PositiveInt, ...] | None = None
+    """GPU adapter slots to try; None: engine.max_loras."""
+    num_seeds: int = Field(default=2, ge=1, le=100)
+    """Seeds each point is simulated with; the plan reports the spread."""
+    max_turns_per_evaluation: int = Field(default=400, ge=10, le=10_000_000)
+    """Turns (requests) simulated per search point: the workload is cut to about this size."""
+    rate_tolerance: float = Field(default=0.1, gt=0, le=1)
+    """Bisection stops when the rate bracket's high/low ratio is within 1 + this."""
 
 
 class AnalysisConfig(FrozenModel):
@@ -237,7 +243,7 @@ def _catalogue_problems(s: Scenario) -> list[str]:
         if strategy.model is not None and strategy.model not in MODELS:
             out.append(f"strategies.{i}.model: {strategy.model!r} is not in the catalogue; "
                        f"known: {sorted(MODELS)}")
-    for i, gpu in enumerate(s.search.gpus):
+    for i, gpu in enumerate(s.search.gpus or ()):
         if gpu not in GPUS:
             out.append(f"search.gpus.{i}: {gpu!r} is not in the catalogue; known: {sorted(GPUS)}")
     for gpu in s.gpu_prices_per_hour_usd:

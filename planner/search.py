@@ -27,11 +27,13 @@ class Deployment:
     num_replicas: int = 1
     max_num_seqs: int = 256
     max_loras: int = 4
+    num_model_copies: int = 1
+    """Full model copies per replica group (one per agent under multi-agent)."""
 
     @property
     def num_gpus(self) -> int:
         """GPUs of the whole deployment."""
-        return self.tensor_parallel_size * self.num_replicas
+        return self.tensor_parallel_size * self.num_replicas * self.num_model_copies
 
 
 _DESCENT_FACTOR = 16.0

@@ -91,7 +91,8 @@ def create_step_batch(
     first_layer=None, last_layer=None, is_replay=None, is_last_chunk=None,
     num_routing_decisions: int = 0,
 ) -> StepBatch:
-    """A StepBatch with defaults: no adapter, every layer, no replay, every item samples."""
+    """A StepBatch with defaults: no adapter, every layer, no replay, every non-replay item
+    samples a token (a replay only rebuilds KV)."""
     new = np.asarray(num_new_tokens, dtype=np.int64)
     n = new.shape[0]
 
@@ -99,6 +100,7 @@ def create_step_batch(
         return np.full(n, default, dtype) if value is None else np.asarray(value, dtype=dtype)
 
     ids = full(adapter_ids, -1, np.int64)
+    replay = full(is_replay, False, bool)
     return StepBatch(
         num_new_tokens=new,
         num_context_tokens=np.asarray(num_context_tokens, dtype=np.int64),
@@ -106,8 +108,8 @@ def create_step_batch(
         is_adapted=full(is_adapted, True, bool) & (ids >= 0),
         first_layer=full(first_layer, 0, np.int64),
         last_layer=full(last_layer, num_layers, np.int64),
-        is_replay=full(is_replay, False, bool),
-        is_last_chunk=full(is_last_chunk, True, bool),
+        is_replay=replay,
+        is_last_chunk=~replay if is_last_chunk is None else np.asarray(is_last_chunk, bool),
         num_routing_decisions=num_routing_decisions,
     )
 
@@ -208,7 +210,8 @@ def _attention_s(c: CostCoeffs, p: CostProfile, batch: StepBatch, mask: np.ndarr
     read = np.minimum(records, n * p.index_topk) * p.global_record_bytes
     total += timed(p.decoder_prefix, n * (window + selected),
                    read + window * p.kv_layer_bytes_per_gpu)
-    # Index layers also score every record with the indexer keys to pick the top-k.
+    # Index layers also score every record with the indexer keys to pick the top-k. Indexer
+    # keys are fp8, one byte per element, so index_key_bytes is also the key width in elements.
     total += timed(p.index_prefix, 0.0, records * p.index_key_bytes,
                    extra_flops=2 * n * records * p.index_key_bytes)
     return total

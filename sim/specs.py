@@ -32,6 +32,9 @@ class _Sourced(BaseModel):
         ]
         if missing and self.sources.get("*") is None:
             raise ValueError(f"numbers without a source or 'assumed' mark: {missing}")
+        empty = sorted(name for name, text in self.sources.items() if not text.strip())
+        if empty:
+            raise ValueError(f"empty source texts for {empty}; cite a source or say 'assumed: ...'")
         return self
 
 
