@@ -37,14 +37,14 @@ def test_pointer_head_cached_options_and_batch_independence():
 
 def test_pointer_and_contextual_heads_learn_a_separable_routing_task():
     torch.manual_seed(0)
-    x, y = _clusters(4, 16, 256, seed=1)
+    x, y = _clusters(4, 16, 128, seed=1)
     pointer = PointerHead(d_query=16, d_option=8, d_head=16, num_heads=2)
     contextual = ContextualHead(d_model=16, d_head=16)
     option_embeds, option_mask = torch.randn(4, 3, 8), torch.ones(4, 3, dtype=torch.bool)
     option_h = torch.randn(4, 16)
     params = list(pointer.parameters()) + list(contextual.parameters())
-    opt = torch.optim.Adam(params, lr=3e-3)
-    for _ in range(120):
+    opt = torch.optim.Adam(params, lr=1e-2)
+    for _ in range(60):
         p_logits = pointer(x, pointer.encode_options(option_embeds, option_mask))
         c_logits = contextual(x, option_h.expand(x.shape[0], -1, -1))
         loss = torch.nn.functional.cross_entropy(p_logits, y) + \
