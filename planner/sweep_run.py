@@ -13,6 +13,7 @@ from planner.analysis import strategy_summary
 from planner.points import PointStore, PointTask, run_points
 from planner.report import ReportSection, render_html, timestamp, write_atomic, write_table
 from planner.scenario import Scenario
+from planner.simulation import simulate_strategy
 from planner.sweep import SweepSpec, load_sweep
 
 
@@ -20,9 +21,8 @@ def evaluate_point(payload: dict) -> list[dict]:
     """One sweep point: validate its scenario and summarise every strategy (JSON-able rows)."""
     scenario = Scenario.model_validate(payload["scenario"])
     if payload["evaluate"] == "simulate":
-        from planner.simulation import simulate_summary
-
-        return simulate_summary(scenario).to_dict(orient="records")
+        return [{"strategy": st.label, **simulate_strategy(scenario, i).summary}
+                for i, st in enumerate(scenario.strategies)]
     return strategy_summary(scenario).to_dict(orient="records")
 
 

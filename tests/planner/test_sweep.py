@@ -110,3 +110,22 @@ def test_ray_run_equals_local_run_point_by_point(tmp_path):
     pd.testing.assert_frame_equal(local.table.sort_values(key).reset_index(drop=True),
                                   ray.table.sort_values(key).reset_index(drop=True))
     shutil.rmtree(tmp_path / "ray")
+
+
+def test_simulate_sweep_rows_follow_the_varied_field(tmp_path):
+    (tmp_path / "base.yaml").write_text(SCENARIO + "workload: {kind: punica, num_requests: 60, "
+                                        "num_adapters: 2, num_output_tokens: 16, "
+                                        "arrival_rate_per_s: 5.0}\n")
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text("name: sim\nscenario: base.yaml\nevaluate: simulate\nparameters:\n"
+                    "  - {field: workload.num_output_tokens, values: [8, 32]}\n")
+    result = run_sweep(spec, tmp_path / "out", backend="inline")
+    assert not result.errors
+    table = result.table.set_index(["workload.num_output_tokens", "strategy"])
+    assert len(table) == 4
+    # 60 requests each emitting exactly the swept number of output tokens.
+    for tokens in (8, 32):
+        for strategy in ("multi_lora", "preft"):
+            row = table.loc[(tokens, strategy)]
+            assert row["num_requests"] == 60
+            assert row["output_tokens_per_s"] * row["duration_s"] == pytest.approx(60 * tokens)
