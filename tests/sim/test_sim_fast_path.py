@@ -37,10 +37,15 @@ def conversations(seed, **kw):
 
 
 @pytest.mark.parametrize("kind", STRATEGIES)
-def test_fast_equals_reference_on_conversations(kind):
+@pytest.mark.parametrize("kv", ("roomy", "tight"))
+def test_fast_equals_reference_on_conversations(kind, kv):
     extra = {"num_replicas": 4} if kind == "multi_agent" else {}
+    workload = conversations(1)
+    if kv == "tight":  # 120 blocks and a burst of arrivals: preemptions, cache evictions
+        extra.update(num_kv_blocks=120, block_size=16)
+        workload = conversations(7, arrival_rate_per_s=400.0, think_time_s=0.01)
     config = small_config(kind, max_num_seqs=8, **extra)
-    ref, fast = both_modes(config, conversations(1))
+    ref, fast = both_modes(config, workload)
     assert_same_requests(ref, fast)
     assert fast.stats["num_engine_events"] < ref.stats["num_engine_events"]
 
