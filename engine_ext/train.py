@@ -118,12 +118,18 @@ def save_base(model: CEDForCausalLM, out: Path) -> None:
               str(out / "model.safetensors"))
 
 
-def load_trained(out: Path = DEFAULT_OUT, max_loras: int = 6) -> CEDEngine:
-    """The trained base model with every domain LoRA loaded (named by domain)."""
+def load_base(out: Path = DEFAULT_OUT) -> CEDForCausalLM:
+    """The trained base model, in eval mode."""
     cfg = EngineConfig.model_validate_json((out / "config.json").read_text())
     model = CEDForCausalLM(cfg)
     model.load_state_dict(load_file(str(out / "model.safetensors")))
-    model.eval()
+    return model.eval()
+
+
+def load_trained(out: Path = DEFAULT_OUT, max_loras: int = 6) -> CEDEngine:
+    """The trained base model with every domain LoRA loaded (named by domain)."""
+    model = load_base(out)
+    cfg = model.config
     engine = CEDEngine(model, max_loras=max_loras, max_lora_rank=8)
     base_name = domain_lora_spec(cfg).base_model
     for domain in DOMAINS:
@@ -145,13 +151,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)
     splits = {d: domain_splits(d) for d in DOMAINS}
-    if (args.out / "model.safetensors").exists() and not args.force:
-        print(f"reusing cached checkpoint in {args.out} (--force retrains)")
+    have_base = (args.out / "model.safetensors").exists() and not args.force
+    have_loras = have_base and all((args.out / f"lora_{d}").exists() for d in DOMAINS)
+    if have_base:
+        print(f"reusing cached base model in {args.out} (--force retrains)")
+        model = load_base(args.out)
     else:
         cfg = get_preset(args.preset)
         print(f"training base CED model ({args.preset}) for {args.steps} steps")
         model = train_base(cfg, splits, args.steps, args.seq_len, args.batch, args.seed)
         save_base(model, args.out)
+    if not have_loras:
         train_domain_loras(model, splits, args.lora_steps, args.seq_len, args.batch, args.seed,
                            args.out)
     engine = load_trained(args.out)

@@ -1,0 +1,63 @@
+"""Per-token adapter mapping of one engine step with prefill-only adapters masked out.
+
+vLLM's runner maps every scheduled token to its request's `lora_int_id` (0 = base). Here the
+prefill-only rule of `engine_ext.forward_context.build_token_slots` is applied to that ragged
+batch: a token of a LoRA_P adapter at a position at or past the prompt length (a decode token, or
+an output token recomputed after preemption) gets 0. Positions come from the tokens computed
+before the step, so a chunked prefill that straddles the end of the prompt is masked exactly.
+No vLLM import: the runner patch passes numpy arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from engine_ext.forward_context import NO_ADAPTER, build_token_slots
+
+
+def _mask(req_ids: np.ndarray, tok_req: np.ndarray, positions: np.ndarray,
+          prompt_lens: np.ndarray, is_prefill_only: Callable[[int], bool]) -> np.ndarray:
+    """lora id per token, prefill-only adapters dropped past the prompt (engine_ext rule)."""
+    distinct = sorted({int(x) for x in req_ids} - {0})
+    slot_of = {lora_id: slot for slot, lora_id in enumerate(distinct)}
+    req_slots = np.array([slot_of.get(int(x), NO_ADAPTER) for x in req_ids], dtype=np.int64)
+    # One "request" per token (T = 1) turns the ragged batch into engine_ext's [B, T] form.
+    slots = build_token_slots(
+        req_slots[tok_req].tolist(),
+        torch.from_numpy(positions.astype(np.int64))[:, None],
+        prompt_lens[tok_req].tolist(),
+        [is_prefill_only(lora_id) for lora_id in distinct],
+    ).numpy()
+    ids = np.array([0, *distinct], dtype=np.int64)
+    return ids[slots + 1]
+
+
+def step_lora_mapping(
+    req_lora_ids: np.ndarray,
+    num_computed: np.ndarray,
+    num_scheduled: np.ndarray,
+    num_prompt: np.ndarray,
+    num_sampled: np.ndarray,
+    is_prefill_only: Callable[[int], bool],
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(sampled-token mapping, token mapping) of lora ids for one step.
+
+    req_lora_ids, num_computed, num_scheduled, num_prompt, num_sampled: [R] per request of the
+    batch, in the runner's order. is_prefill_only(lora_id) says whether an adapter is LoRA_P.
+    """
+    num_reqs = len(req_lora_ids)
+    tok_req = np.repeat(np.arange(num_reqs), num_scheduled)  # [N]
+    starts = np.cumsum(num_scheduled) - num_scheduled  # [R]
+    offsets = np.arange(len(tok_req)) - starts[tok_req]  # [N] position inside the step
+    positions = num_computed[tok_req] + offsets  # [N] absolute
+    token_map = _mask(req_lora_ids, tok_req, positions, num_prompt, is_prefill_only)
+    # Sampled rows are the last num_sampled tokens of each request in the step.
+    smp_req = np.repeat(np.arange(num_reqs), num_sampled)  # [S]
+    smp_starts = np.cumsum(num_sampled) - num_sampled
+    smp_pos = (num_computed + num_scheduled - num_sampled)[smp_req] + (
+        np.arange(len(smp_req)) - smp_starts[smp_req])
+    sampled_map = _mask(req_lora_ids, smp_req, smp_pos, num_prompt, is_prefill_only)
+    return tuple(int(x) for x in sampled_map), tuple(int(x) for x in token_map)

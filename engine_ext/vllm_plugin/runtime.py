@@ -1,0 +1,158 @@
+"""Per-process plugin state: config, hash registry, decision channel, counters, current step.
+
+Where a request's adapter comes from, strongest first: the adapter it names (never rerouted), a
+decision hash that arrived with it (`SamplingParams(extra_args={"molcap_adapter_hash": h})`, as a
+decode worker receives it with the KV transfer), the local router's decision (written to the
+channel on the prefill step, read back on the next step), else the base model.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from engine_ext.vllm_plugin.config import ConfigWatcher, PluginConfig, adapter_is_prefill_only
+from engine_ext.vllm_plugin.counters import DecisionCounters, default_counter_dir
+from engine_ext.vllm_plugin.hashing import (
+    NO_ADAPTER_HASH,
+    AdapterEntry,
+    AdapterHashRegistry,
+    adapter_hash,
+)
+
+HASH_KEY = "molcap_adapter_hash"
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RoutePlan:
+    """A request whose prompt ends in this step and is routed after layer k."""
+
+    index: int
+    """Row of the request in the batch."""
+    request_id: str
+    token_start: int
+    """First of its prompt tokens in the step's flat token order."""
+    token_end: int
+    """One past its last prompt token in the step."""
+
+
+@dataclass
+class StepState:
+    """What the runner patch computed for the step now running (read by the layer-k hook)."""
+
+    req_lora_ids: np.ndarray
+    num_computed: np.ndarray
+    num_scheduled: np.ndarray
+    num_prompt: np.ndarray
+    num_sampled: np.ndarray
+    lora_paths: dict[int, str]
+    mapping_type: object
+    routes: list[RoutePlan] = field(default_factory=list)
+
+
+class PluginState:
+    """Everything the plugin keeps in one process."""
+
+    def __init__(self, watcher: ConfigWatcher | None = None) -> None:
+        self.watcher = watcher or ConfigWatcher.from_env()
+        self.config = PluginConfig()
+        self.registry = AdapterHashRegistry()
+        self.counters = DecisionCounters(default_counter_dir())
+        self.channel: dict[str, int] = {}
+        """request id -> decision hash written by the local router (the "KV transfer")."""
+        self.resolved: dict[str, int] = {}
+        """request id -> lora id of a decision already read (0: base or unknown)."""
+        self.pending_applied: dict[str, int] = {}
+        self.step: StepState | None = None
+        self.router = None
+        self.refresh()
+
+    def refresh(self) -> PluginConfig:
+        """Re-read the config if its mtime changed; rebuild what depends on it."""
+        config = self.watcher.current()
+        if config is not self.config:
+            self.config = config
+            self.registry = config.build_registry()
+            directory = Path(config.counter_dir) if config.counter_dir else default_counter_dir()
+            if directory != self.counters.directory:
+                self.counters = DecisionCounters(directory)
+            self.router = None  # rebuilt by the model hook with the new options
+        return config
+
+    def is_prefill_only(self, path: str) -> bool:
+        """Whether the adapter at `path` is LoRA_P under the current config."""
+        return adapter_is_prefill_only(path, self.config)
+
+    def entry_by_name(self, name: str | None) -> AdapterEntry | None:
+        """Registered adapter of a config name (None: base)."""
+        if name is None:
+            return None
+        path = next(a.path for a in self.config.adapters if a.name == name)
+        return self.registry.lookup(adapter_hash(path))
+
+    def write_decision(self, request_id: str, name: str | None) -> int:
+        """Prefill side: publish the router's choice as a hash; returns it."""
+        entry = self.entry_by_name(name)
+        value = NO_ADAPTER_HASH if entry is None else entry.hash
+        self.channel[request_id] = value
+        self.counters.add("written", request_id, value, None if entry is None else entry.path)
+        return value
+
+    def read_decision(self, request_id: str, incoming: int | None) -> AdapterEntry | None:
+        """Decode side: the adapter decided for a request, resolved once through the registry.
+
+        Returns None for the base model, for an unknown hash (counted and logged) and for a
+        request with no decision at all.
+        """
+        if request_id in self.resolved:
+            return self.registry.lookup(self.resolved[request_id])
+        value = self.channel.pop(request_id, incoming)
+        if value is None:
+            return None
+        self.counters.add("read", request_id, value, None)
+        entry = self.registry.lookup(value) if value != NO_ADAPTER_HASH else None
+        if value != NO_ADAPTER_HASH and entry is None:
+            self.counters.add("unknown", request_id, value, None)
+            logger.warning("molcap: request %s carries adapter hash %d that this process's "
+                           "registry does not hold; running it on the base model",
+                           request_id, value)
+            self.resolved[request_id] = NO_ADAPTER_HASH
+            return None
+        self.resolved[request_id] = value
+        self.pending_applied[request_id] = value
+        return entry
+
+    def mark_applied(self) -> None:
+        """Count the decisions read this step once their mapping is live in the engine."""
+        for request_id, value in self.pending_applied.items():
+            entry = self.registry.lookup(value)
+            self.counters.add("applied", request_id, value, None if entry is None else entry.path)
+        self.pending_applied.clear()
+
+    def forget(self, live_request_ids: set[str]) -> None:
+        """Drop decisions of requests that have left the engine."""
+        for table in (self.channel, self.resolved):
+            for request_id in [r for r in table if r not in live_request_ids]:
+                del table[request_id]
+
+
+_STATE: PluginState | None = None
+
+
+def get_state() -> PluginState:
+    """This process's plugin state (created on first use)."""
+    global _STATE
+    if _STATE is None:
+        _STATE = PluginState()
+    return _STATE
+
+
+def reset_state(watcher: ConfigWatcher | None = None) -> PluginState:
+    """Replace this process's state (tests, or a config path set after start-up)."""
+    global _STATE
+    _STATE = PluginState(watcher)
+    return _STATE
