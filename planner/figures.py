@@ -93,23 +93,3 @@ def sim_latency_figure(summary: pd.DataFrame) -> go.Figure:
     fig = px.bar(long, x="metric", y="seconds", color="strategy", barmode="group", log_y=True,
                  title="Simulated latency on the scenario's hardware")
     return fig.update_layout(**_LAYOUT)
-
-
-def kv_timeline_figure(timeseries: pd.DataFrame) -> go.Figure:
-    """KV blocks in use over simulated time, per strategy (summed over replicas)."""
-    data = timeseries.groupby(["strategy", "time_s"], as_index=False)["kv_blocks_used"].sum()
-    fig = px.line(data, x="time_s", y="kv_blocks_used", color="strategy",
-                  labels={"time_s": "simulated time (s)", "kv_blocks_used": "KV blocks in use"},
-                  title="KV blocks in use over time")
-    return fig.update_layout(**_LAYOUT)
-
-
-def switch_hops_figure(turns: pd.DataFrame) -> go.Figure:
-    """Tokens recomputed or replayed per turn, switch turns vs others, per strategy."""
-    data = turns.assign(turn=turns["is_switch"].map({True: "switch", False: "no switch"}))
-    data["tokens"] = data["num_recomputed_tokens"] + data["num_replay_tokens"]
-    grouped = data.groupby(["strategy", "turn"], as_index=False)["tokens"].mean()
-    fig = px.bar(grouped, x="strategy", y="tokens", color="turn", barmode="group",
-                 labels={"tokens": "tokens recomputed or replayed per turn (mean)"},
-                 title="Switch cost in the simulation: recomputed and replayed tokens")
-    return fig.update_layout(template="plotly_white", height=420)

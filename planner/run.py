@@ -11,16 +11,15 @@ import pandas as pd
 from planner.analysis import run_comparisons, tidy
 from planner.figures import (
     COMPARISON_FIGURES,
-    kv_timeline_figure,
     pareto_figure,
     sim_latency_figure,
-    switch_hops_figure,
 )
 from planner.loading import load_scenario
 from planner.plan_points import plan_point, scenario_tasks, simulate_point
 from planner.points import PointStore, run_points
 from planner.report import ReportSection, render_html, timestamp, write_atomic, write_table
 from planner.scenario import Scenario
+from sim import figures as sim_figures
 
 _EXPLAIN = {
     "memory_summary": (
@@ -84,7 +83,8 @@ def _plan_sections(plans: pd.DataFrame, trials: pd.DataFrame) -> list[ReportSect
     at_target = trials[trials["kind"] == "trial"] if not trials.empty else trials
     figures = [pareto_figure(at_target)] if not at_target.empty else []
     return [ReportSection("Capacity plan", text, figures, [_plan_table(plans)]),
-            ReportSection("Runner-ups", "Other verified deployments, cheapest first.", [],
+            ReportSection("Runner-ups", "Other verified deployments, cheapest first."
+                          if not runner_ups.empty else "No other candidate was verified.", [],
                           [runner_ups.drop(columns="kind")] if not runner_ups.empty else [])]
 
 
@@ -108,11 +108,13 @@ def _sim_sections(summary: pd.DataFrame, turns: pd.DataFrame,
         return []
     text = ("Every strategy simulated on the scenario's own hardware and workload: throughput, "
             "latency percentiles, goodput under the SLOs, preemptions and switch recomputation.")
-    figures = [sim_latency_figure(summary)]
-    if not timeseries.empty:
-        figures.append(kv_timeline_figure(timeseries))
+    figures = [sim_latency_figure(summary), sim_figures.throughput_figure(summary)]
     if not turns.empty:
-        figures.append(switch_hops_figure(turns))
+        figures += [sim_figures.latency_cdf_figure(turns, "ttft_s"),
+                    sim_figures.hop_breakdown_figure(turns),
+                    sim_figures.switch_cost_figure(turns)]
+    if not timeseries.empty:
+        figures.append(sim_figures.timeseries_figure(timeseries, "kv_blocks_used"))
     return [ReportSection("Simulation", text, figures, [summary])]
 
 
