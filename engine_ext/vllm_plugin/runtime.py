@@ -69,6 +69,9 @@ class PluginState:
         self.pending_applied: dict[str, int] = {}
         self.step: StepState | None = None
         self.router = None
+        self.route_module = None
+        """The decoder layer whose output the router reads."""
+        self.runner = None
         self.refresh()
 
     def refresh(self) -> PluginConfig:

