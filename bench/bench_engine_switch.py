@@ -38,11 +38,13 @@ def build_engine(preset: str) -> CEDEngine:
     return engine
 
 
-def timed(fn, repeats: int) -> float:
+def timed(fn, repeats: int, setup=lambda: None) -> float:
+    """Median seconds of fn(setup()) over `repeats`; setup is not timed."""
     times = []
     for _ in range(repeats):
+        arg = setup()
         start = time.perf_counter()
-        fn()
+        fn(arg)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -65,11 +67,11 @@ def main(argv: list[str] | None = None) -> None:
     state, rows = engine.new_state(), []
     for n in sorted(args.contexts):
         engine.prefill(state, ids[:, state.num_positions : n], "source", chunk_size=args.chunk)
-        replay_s = timed(lambda: engine.switch(state.clone(), "target"), repeats=3)
+        replay_s = timed(lambda s: engine.switch(s, "target"), repeats=3, setup=state.clone)
         recompute_s = None
         if n <= args.max_recompute:
-            recompute_s = timed(lambda n=n: engine.oracle(ids[:, :n], "target",
-                                                          chunk_size=args.chunk), repeats=1)
+            recompute_s = timed(lambda _s, n=n: engine.oracle(ids[:, :n], "target",
+                                                              chunk_size=args.chunk), repeats=1)
         rows.append({"context": n, "replay_s": replay_s, "recompute_s": recompute_s,
                      "replay_positions": cfg.window})
         rec = "skipped" if recompute_s is None else f"{recompute_s:10.3f}"

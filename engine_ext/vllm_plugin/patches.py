@@ -97,6 +97,11 @@ def _make_set_active_loras(original):
                          {k: r.lora_path for k, r in requests.items()}, mapping_type, routes)
         prompt_map, token_map = _step_mapping(state, step)
         self._set_active_loras(prompt_map, token_map, set(requests.values()), mapping_type)
+        import os as _os
+        if _os.environ.get("MOLCAP_DEBUG"):
+            print("DBG", list(input_batch.req_ids[:n]), lora_ids.tolist(), sched.tolist(),
+                  sorted(set(token_map)), self.lora_manager._adapter_manager.lora_index_to_id,
+                  [(r, _incoming_hash(self, r)) for r in input_batch.req_ids[:n]], flush=True)
         state.mark_applied()
         state.step = step
         if len(state.resolved) > 4 * max(n, 1):
