@@ -182,38 +182,57 @@ def _gemm_s(c: CostCoeffs, p: CostProfile, tokens: np.ndarray, num_logit_rows: i
     return float(dense), float(moe)
 
 
-def _attention_s(c: CostCoeffs, p: CostProfile, batch: StepBatch, mask: np.ndarray) -> float:
-    """Attention seconds of the items in `mask`: per item, per kind of layer it runs."""
+def _attention_terms(c: CostCoeffs, p: CostProfile, num_new, num_context, first,
+                     last) -> list[np.ndarray]:
+    """Attention seconds of each item, one array per kind of layer (standard; CED encoder,
+    decoder, index). Arguments broadcast."""
     g = p.gpu
-    n = batch.num_new_tokens[mask].astype(float)
-    ctx = batch.num_context_tokens[mask].astype(float)
-    first, last = batch.first_layer[mask], batch.last_layer[mask]
+    n = np.asarray(num_new, dtype=float)
+    ctx = np.asarray(num_context, dtype=float)
+    first, last = np.asarray(first), np.asarray(last)
     causal = n * (n + 1) / 2
 
     def timed(prefix, pairs, num_bytes, extra_flops=0.0):
         flops = pairs * p.attention_flops_per_pair + extra_flops
         per_layer = _roofline(flops, num_bytes, g.bf16_dense_flops, c.attention_flops_efficiency,
                               g.hbm_bandwidth_bytes_per_s, c.memory_bandwidth_efficiency)
-        return float((_layers_in_range(prefix, first, last) * per_layer).sum())
+        return _layers_in_range(prefix, first, last) * per_layer
 
     # Full attention over the whole cached context (decoder-only models).
-    total = timed(p.standard_prefix, n * ctx + causal, (ctx + n) * p.kv_layer_bytes_per_gpu)
+    terms = [timed(p.standard_prefix, n * ctx + causal, (ctx + n) * p.kv_layer_bytes_per_gpu)]
     if p.compression_ratio == 1 and p.window_tokens == 0:
-        return total
+        return terms
     records = (ctx + n) / p.compression_ratio
     # CED encoder: full attention through the compressed global KV plus the chunk itself.
-    total += timed(p.encoder_prefix, n * (ctx / p.compression_ratio) + causal,
-                   records * p.global_record_bytes + n * p.kv_layer_bytes_per_gpu)
+    terms.append(timed(p.encoder_prefix, n * (ctx / p.compression_ratio) + causal,
+                       records * p.global_record_bytes + n * p.kv_layer_bytes_per_gpu))
     # CED decoder: local window plus the top-k selected global records.
     window = np.minimum(ctx + n, p.window_tokens)
     selected = np.minimum(records, p.index_topk)
     read = np.minimum(records, n * p.index_topk) * p.global_record_bytes
-    total += timed(p.decoder_prefix, n * (window + selected),
-                   read + window * p.kv_layer_bytes_per_gpu)
+    terms.append(timed(p.decoder_prefix, n * (window + selected),
+                       read + window * p.kv_layer_bytes_per_gpu))
     # Index layers also score every record with the indexer keys to pick the top-k. Indexer
     # keys are fp8, one byte per element, so index_key_bytes is also the key width in elements.
-    total += timed(p.index_prefix, 0.0, records * p.index_key_bytes,
-                   extra_flops=2 * n * records * p.index_key_bytes)
+    terms.append(timed(p.index_prefix, 0.0, records * p.index_key_bytes,
+                       extra_flops=2 * n * records * p.index_key_bytes))
+    return terms
+
+
+def attention_s_per_item(c: CostCoeffs, p: CostProfile, num_new, num_context, first,
+                         last) -> np.ndarray:
+    """Attention seconds of each item (arrays broadcast): `num_new` tokens attending over
+    `num_context` cached tokens through layers [first, last). `predict_step` sums these."""
+    terms = _attention_terms(c, p, num_new, num_context, first, last)
+    return terms[0] if len(terms) == 1 else sum(terms[1:], terms[0])
+
+
+def _attention_s(c: CostCoeffs, p: CostProfile, batch: StepBatch, mask: np.ndarray) -> float:
+    """Attention seconds of the items in `mask`: per item, per kind of layer it runs."""
+    total = 0.0
+    for term in _attention_terms(c, p, batch.num_new_tokens[mask], batch.num_context_tokens[mask],
+                                 batch.first_layer[mask], batch.last_layer[mask]):
+        total += float(term.sum())
     return total
 
 

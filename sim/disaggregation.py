@@ -10,6 +10,7 @@ from __future__ import annotations
 from sim.cluster import Router
 from sim.config import DisaggregationSpec, SimConfig
 from sim.memory_model import kv_bytes_per_token, kv_replication
+from sim.sequence import Sequence
 
 
 class Disaggregation:
@@ -25,24 +26,31 @@ class Disaggregation:
         """Seconds to move `num_tokens` of KV (each GPU sends its shard in parallel)."""
         return num_tokens * self.kv_bytes_per_token / self.bandwidth
 
-    def run(self, driver, fields: dict, rec):
-        """Prefill on the turn's prefill worker, transfer, decode on a decode worker."""
-        prefill = driver.new_seq(dict(fields, hop="prefill", num_output_tokens=1))
-        driver.router.replicas[rec.replica].submit(prefill)
-        yield prefill.done
-        driver.recorder.on_seq(prefill, rec)
-        yield driver.env.timeout(self.transfer_s(prefill.num_prompt_tokens))
+    def start(self, driver, fields: dict, turn) -> None:
+        """Prefill on the turn's prefill worker; the transfer and decode follow by callbacks,
+        and `driver.on_hop_done` gets the decode sequence."""
+        def on_prefilled(prefill: Sequence) -> None:
+            driver.recorder.on_seq(prefill, turn.rec)
+            driver.env.timeout(self.transfer_s(prefill.num_prompt_tokens)).callbacks.append(
+                lambda _event: self._decode(driver, fields, turn, prefill))
+
+        prefill = driver.new_seq(dict(fields, hop="prefill", num_output_tokens=1), turn,
+                                 on_prefilled)
+        turn.replica.submit(prefill)
+
+    def _decode(self, driver, fields: dict, turn, prefill: Sequence) -> None:
+        """The KV has arrived: continue on a decode worker."""
+        def on_decoded(decode: Sequence) -> None:
+            driver.recorder.on_seq(decode, turn.rec)
+            decode.num_prefill_tokens_computed = prefill.num_prefill_tokens_computed
+            decode.num_cached_tokens = prefill.num_cached_tokens
+            decode.num_replay_tokens = prefill.num_replay_tokens
+            decode.is_replay_done = prefill.is_replay_done
+            driver.advance_after_hop(decode)
+
         decode_fields = dict(fields, num_replay_tokens=0, num_routing_decisions=0,
                              is_kv_preloaded=True)
-        decode = driver.new_seq(decode_fields)
+        decode = driver.new_seq(decode_fields, turn, on_decoded)
         decode.num_generated_tokens = 1
         decode.first_token_s = prefill.first_token_s
-        replica = self.decode_router.choose(0, decode.adapter, None)
-        replica.submit(decode)
-        yield decode.done
-        driver.recorder.on_seq(decode, rec)
-        decode.num_prefill_tokens_computed = prefill.num_prefill_tokens_computed
-        decode.num_cached_tokens = prefill.num_cached_tokens
-        decode.num_replay_tokens = prefill.num_replay_tokens
-        decode.is_replay_done = prefill.is_replay_done
-        return decode
+        self.decode_router.choose(0, decode.adapter, None).submit(decode)

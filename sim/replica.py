@@ -81,7 +81,14 @@ class Replica:
             self.counter.add(num_steps)
             self.on_sample(self, env.now, len(plan.decodes) + len(plan.prefills))
             for seq in engine.commit(plan, num_steps, env.now):
-                seq.done.succeed()
+                self._notify(seq)
+
+    def _notify(self, seq: Sequence) -> None:
+        """Run `seq.on_done(seq)` from an event now, after this replica has planned its next
+        step (as a process waiting on the sequence would)."""
+        event = self.env.event()
+        event.callbacks.append(lambda _event: seq.on_done(seq))
+        event.succeed()
 
     def _decode_run(self, plan, start: float):
         """Wait out a run of decode steps; return how many steps ran."""

@@ -50,8 +50,8 @@ class Sequence:
     """The prompt's KV arrived by transfer (disaggregated decode): allocate, do not compute."""
     owner: Any = None
     """The turn (or other caller) this sequence belongs to."""
-    done: Any = None
-    """Event triggered when the sequence finishes."""
+    on_done: Any = None
+    """Called with the sequence (from a SimPy event at its finish time) when it finishes."""
     # progress
     num_computed_tokens: int = 0
     num_generated_tokens: int = 0

@@ -4,51 +4,28 @@ whole run of decode steps at once.
 Within a step only attention depends on the contexts; every other term of `predict_step` depends
 on token counts, adapters and sequences, which a run of decode steps keeps fixed. So a decode
 step k of a run costs `const + sum_i T[c_i + k * adv]`, where `T[c]` is one decode item's
-attention at context c. `T` is tabulated once per replica and prefix-summed, so the time of
-any number of steps is O(batch) to evaluate. `attention_s_by_item` restates the attention term of
-`sim.cost_model` item by item; a test holds them equal.
+attention at context c (`sim.cost_model.attention_s_per_item`). `T` is tabulated once per
+replica and prefix-summed, so the time of any number of steps is O(batch) to evaluate. The
+non-attention part is cached by the counts it depends on, read off the plan without building a
+`StepBatch`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from sim.cost_model import CostCoeffs, StepBatch, create_step_batch, predict_step
+from sim.cost_model import (
+    CostCoeffs,
+    StepBatch,
+    attention_s_per_item,
+    create_step_batch,
+    predict_step,
+)
 from sim.cost_profile import CostProfile
 from sim.engine import StepPlan
 
-
-def _roofline(flops, num_bytes, peak_flops, flops_eff, bandwidth, bw_eff):
-    return np.maximum(flops / (peak_flops * flops_eff), num_bytes / (bandwidth * bw_eff))
-
-
-def attention_s_by_item(c: CostCoeffs, p: CostProfile, num_new, num_context, first, last):
-    """Attention seconds of each item (arrays broadcast), as `predict_step` prices them."""
-    g = p.gpu
-    n = np.asarray(num_new, dtype=float)
-    ctx = np.asarray(num_context, dtype=float)
-    first, last = np.asarray(first), np.asarray(last)
-    causal = n * (n + 1) / 2
-
-    def timed(prefix, pairs, num_bytes, extra_flops=0.0):
-        flops = pairs * p.attention_flops_per_pair + extra_flops
-        per_layer = _roofline(flops, num_bytes, g.bf16_dense_flops, c.attention_flops_efficiency,
-                              g.hbm_bandwidth_bytes_per_s, c.memory_bandwidth_efficiency)
-        return (prefix[last] - prefix[first]) * per_layer
-
-    total = timed(p.standard_prefix, n * ctx + causal, (ctx + n) * p.kv_layer_bytes_per_gpu)
-    if p.compression_ratio == 1 and p.window_tokens == 0:
-        return total
-    records = (ctx + n) / p.compression_ratio
-    total = total + timed(p.encoder_prefix, n * (ctx / p.compression_ratio) + causal,
-                          records * p.global_record_bytes + n * p.kv_layer_bytes_per_gpu)
-    window = np.minimum(ctx + n, p.window_tokens)
-    selected = np.minimum(records, p.index_topk)
-    read = np.minimum(records, n * p.index_topk) * p.global_record_bytes
-    total = total + timed(p.decoder_prefix, n * (window + selected),
-                          read + window * p.kv_layer_bytes_per_gpu)
-    return total + timed(p.index_prefix, 0.0, records * p.index_key_bytes,
-                         extra_flops=2 * n * records * p.index_key_bytes)
+MAX_VECTOR_SEARCH_CELLS = 1 << 15
+"""Runs up to this many (step, sequence) cells find an interrupted step in one numpy pass."""
 
 
 class DecodeRun:
@@ -66,9 +43,15 @@ class DecodeRun:
 
     def steps_to_reach(self, elapsed_s: float, max_steps: int) -> int:
         """Fewest steps (>= 1) whose end lies at or after `elapsed_s` into the run."""
-        lo, hi = 0, max_steps  # elapsed_s(lo) < elapsed_s <= elapsed_s(hi), elapsed_s(0) = 0
         if elapsed_s <= 0:
             return 1
+        if max_steps * self.contexts.size <= MAX_VECTOR_SEARCH_CELLS:
+            # Row k sums like elapsed_s(k + 1) does (same contiguous reduction), so the two agree.
+            last = self.contexts[None, :] + self.adv * np.arange(max_steps)[:, None]
+            ends = (np.arange(1, max_steps + 1) * self.const_s
+                    + (self.prefix[last] - self._base[None, :]).sum(axis=1))
+            return min(int(np.searchsorted(ends, elapsed_s, side="left")) + 1, max_steps)
+        lo, hi = 0, max_steps  # elapsed_s(lo) < elapsed_s <= elapsed_s(hi), elapsed_s(0) = 0
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if self.elapsed_s(mid) >= elapsed_s else (mid, hi)
@@ -88,6 +71,7 @@ class StepPricer:
         self.is_fast = is_fast
         self._non_attention_s: dict[tuple, float] = {}
         self._strided_prefix = np.zeros(0)
+        self._table = np.zeros(0)
         self.num_predict_calls = 0
 
     def batch(self, plan: StepPlan) -> StepBatch:
@@ -117,37 +101,72 @@ class StepPricer:
 
     def step_s(self, plan: StepPlan) -> float:
         """Seconds of one step of `plan`, adapter loads included."""
-        batch = self.batch(plan)
-        if not self.is_fast or plan.replays or (batch.first_layer != 0).any() \
-                or (batch.last_layer != self.profile.num_layers).any():
+        num_layers = self.profile.num_layers
+        if not self.is_fast or plan.replays or any(
+                seq.first_layer != 0 or 0 <= seq.last_layer != num_layers
+                for seq, _ in plan.prefills):
             self.num_predict_calls += 1
-            return predict_step(self.coeffs, self.profile, batch).total_s + plan.adapter_load_s
-        attention = attention_s_by_item(self.coeffs, self.profile, batch.num_new_tokens,
-                                        batch.num_context_tokens, batch.first_layer,
-                                        batch.last_layer)
-        return self._cached_non_attention_s(batch) + float(attention.sum()) + plan.adapter_load_s
+            cost = predict_step(self.coeffs, self.profile, self.batch(plan))
+            return cost.total_s + plan.adapter_load_s
+        attention = 0.0
+        if plan.prefills:
+            attention += float(attention_s_per_item(
+                self.coeffs, self.profile, [n for _, n in plan.prefills],
+                [seq.num_computed_tokens for seq, _ in plan.prefills], 0, num_layers).sum())
+        if plan.decodes:
+            contexts = np.fromiter((s.num_computed_tokens for s in plan.decodes), np.int64,
+                                   count=len(plan.decodes))
+            attention += float(self._decode_table(int(contexts.max()))[contexts].sum())
+        return self._cached_non_attention_s(plan) + attention + plan.adapter_load_s
 
-    def _cached_non_attention_s(self, batch: StepBatch) -> float:
+    def _plan_key(self, plan: StepPlan) -> tuple:
+        """What the non-attention terms of a full-layer, replay-free step depend on: tokens,
+        sampled tokens, adapted tokens, distinct adapters, items, routing decisions."""
+        num_tokens = num_samples = num_adapted = 0
+        adapters = set()
+        for seq, num_new in plan.prefills:
+            num_tokens += num_new
+            if seq.num_computed_tokens + num_new == seq.num_tokens and seq.num_output_tokens:
+                num_samples += 1
+            if seq.is_prefill_adapted and seq.adapter >= 0:
+                num_adapted += num_new
+                adapters.add(seq.adapter)
+        num_adapted_decodes = 0
+        for seq in plan.decodes:
+            if seq.is_decode_adapted and seq.adapter >= 0:
+                num_adapted_decodes += 1
+                adapters.add(seq.adapter)
+        ndct, num_decodes = self.num_decode_compute_tokens, len(plan.decodes)
+        return (num_tokens + ndct * num_decodes, num_samples + num_decodes,
+                num_adapted + ndct * num_adapted_decodes, len(adapters),
+                len(plan.prefills) + num_decodes, plan.num_routing_decisions)
+
+    def _cached_non_attention_s(self, plan: StepPlan) -> float:
         """Every term but attention: a function of counts only (full-layer items, no replay)."""
-        adapted = batch.is_adapted
-        key = (int(batch.num_new_tokens.sum()), int(batch.is_last_chunk.sum()),
-               int(batch.num_new_tokens[adapted].sum()),
-               int(np.unique(batch.adapter_ids[adapted]).size), batch.num_new_tokens.size,
-               batch.num_routing_decisions)
+        key = self._plan_key(plan)
         cached = self._non_attention_s.get(key)
         if cached is None:
             self.num_predict_calls += 1
-            cost = predict_step(self.coeffs, self.profile, batch)
+            cost = predict_step(self.coeffs, self.profile, self.batch(plan))
             cached = self._non_attention_s[key] = cost.total_s - cost.attention_s
         return cached
 
     def decode_run(self, plan: StepPlan, num_steps: int) -> DecodeRun:
         """Step times of repeating the pure-decode `plan` up to `num_steps` times."""
-        const_s = self._cached_non_attention_s(self.batch(plan))
+        const_s = self._cached_non_attention_s(plan)
         contexts = np.fromiter((s.num_computed_tokens for s in plan.decodes), dtype=np.int64,
                                count=len(plan.decodes))
         max_index = int(contexts.max()) + self.adv * num_steps
         return DecodeRun(const_s, contexts, self._prefix(max_index), self.adv)
+
+    def _decode_table(self, max_index: int) -> np.ndarray:
+        """T[x]: one decode item's attention seconds at context x, for x <= max_index."""
+        if self._table.size <= max_index:
+            size = max(max_index + 1, 2 * self._table.size, 4096)
+            p = self.profile
+            self._table = attention_s_per_item(self.coeffs, p, self.num_decode_compute_tokens,
+                                               np.arange(size), 0, p.num_layers)
+        return self._table
 
     def _prefix(self, max_index: int) -> np.ndarray:
         """Q[x] = T[x] + T[x - adv] + ... of the decode attention table T, for x <= max_index."""
@@ -155,8 +174,6 @@ class StepPricer:
             return self._strided_prefix
         size = max(max_index + 1, 2 * self._strided_prefix.size, 4096)
         size = -(-size // self.adv) * self.adv
-        p = self.profile
-        table = attention_s_by_item(self.coeffs, p, self.num_decode_compute_tokens,
-                                    np.arange(size), 0, p.num_layers)
+        table = self._decode_table(size - 1)[:size]
         self._strided_prefix = np.cumsum(table.reshape(-1, self.adv), axis=0).reshape(-1)
         return self._strided_prefix

@@ -1,9 +1,14 @@
-"""Conversations as SimPy processes: each turn runs its strategy's hops on a replica.
+"""Conversations as plain state driven by SimPy callbacks: each turn runs its strategy's hops
+on a replica.
 
 A turn's hops (route, answer, summary, routing prefill) run one after another on the replica the
 router chose for the turn. The strategy decides each hop's adapter, KV namespace (the adapter
 where KV depends on it, shared otherwise), prompt, layers and replay; the engine then charges
 whatever the prefix cache does not already hold. Nothing here computes a cost.
+
+One arrival process starts conversations; a turn is a small state record advanced by callbacks
+on SimPy events (a hop's completion, a think or decision time), not a process of its own, so a
+million queued requests hold no generator frames.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from sim.workloads import Workload
 SHARED_NAMESPACE = -1
 ADAPTER_KV_KINDS = ("multi_lora", "preft", "mol")
 NO_LORA_KINDS = ("base", "multi_agent")
+ROUTING_KINDS = ("mol", "contextual_mol", "mol2")
+ROUTE, ANSWER, SUMMARY, DONE = range(4)
 
 
 @dataclass(slots=True)
@@ -30,8 +37,30 @@ class ConversationState:
 
     conv_id: int
     num_context_tokens: int
+    first_turn: int
+    """Index of the conversation's first turn in the workload's turn arrays."""
+    last_turn: int
+    """Index of its last turn."""
+    turn: int = -1
+    """Index of the current turn."""
     prev_adapter: int | None = None
     last_replica: int | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Turn:
+    """A turn in flight: which hop runs next and what earlier hops left behind."""
+
+    conv: ConversationState
+    rec: TurnRecord
+    replica: Replica
+    domain: int
+    adapter: int
+    num_user_tokens: int
+    num_reply_tokens: int
+    is_switch: bool
+    stage: int = ROUTE
+    answer: Sequence | None = None
 
 
 class TurnDriver:
@@ -42,6 +71,7 @@ class TurnDriver:
         self.env, self.config, self.workload = env, config, workload
         self.router, self.recorder = router, recorder
         self.strategy = config.strategy
+        self.num_domains = config.strategy.num_domains
         self.disaggregation = disaggregation
         self._num_seqs = 0
         self._is_multi_turn = bool((workload.conv_num_turns > 1).any())
@@ -49,120 +79,159 @@ class TurnDriver:
         self.routing_last_layer = ced.routing_layer + 1 if ced else config.arch.num_layers
 
     def arrivals(self):
-        """Start each conversation at its arrival time."""
-        env, arrivals = self.env, self.workload.conv_arrival_s
-        for conv in range(arrivals.size):
-            if arrivals[conv] > env.now:
-                yield env.timeout(arrivals[conv] - env.now)
-            env.process(self.conversation(conv))
+        """The one arrival process: start each conversation's first turn at its arrival time."""
+        env, wl = self.env, self.workload
+        arrivals = wl.conv_arrival_s.tolist()
+        first, num_turns = wl.conv_first_turn.tolist(), wl.conv_num_turns.tolist()
+        initial = wl.conv_initial_tokens.tolist()
+        for conv, arrival_s in enumerate(arrivals):
+            if arrival_s > env.now:
+                yield env.timeout(arrival_s - env.now)
+            self._start_turn(ConversationState(conv, initial[conv], first[conv],
+                                               first[conv] + num_turns[conv] - 1))
 
-    def conversation(self, conv: int):
-        """All turns of conversation `conv`, with think time in between."""
-        wl = self.workload
-        state = ConversationState(conv, int(wl.conv_initial_tokens[conv]))
-        first = int(wl.conv_first_turn[conv])
-        for turn in range(first, first + int(wl.conv_num_turns[conv])):
-            if turn > first and wl.turn_think_s[turn] > 0:
-                yield self.env.timeout(float(wl.turn_think_s[turn]))
-            yield from self._turn(state, turn, turn - first)
+    def _after(self, delay_s: float, callback, *args) -> None:
+        """Call `callback(*args)` `delay_s` from now (an event, not a process)."""
+        self.env.timeout(delay_s).callbacks.append(lambda _event: callback(*args))
+
+    def _end_turn(self, turn: Turn) -> None:
+        conv, rec = turn.conv, turn.rec
+        self.recorder.on_turn(rec, self.env.now)
+        conv.num_context_tokens += turn.num_user_tokens + turn.num_reply_tokens
+        conv.prev_adapter, conv.last_replica = turn.domain, turn.replica.index
+        if conv.turn == conv.last_turn:
+            return
+        think_s = float(self.workload.turn_think_s[conv.turn + 1])
+        if think_s > 0:
+            self._after(think_s, self._start_turn, conv)
+        else:
+            self._start_turn(conv)
 
     def _adapter_of(self, domain: int) -> int:
         if self.strategy.kind in NO_LORA_KINDS:
             return -1
         return domain % self.strategy.num_domains
 
-    def _turn(self, state: ConversationState, turn: int, turn_index: int):
+    def _start_turn(self, conv: ConversationState) -> None:
+        """The conversation's next turn arrives now: pick its replica and run its first hop."""
         wl, s = self.workload, self.strategy
-        domain = int(wl.turn_domain[turn]) % s.num_domains
+        conv.turn = turn = conv.first_turn if conv.turn < 0 else conv.turn + 1
+        domain = int(wl.turn_domain[turn]) % self.num_domains
         adapter = self._adapter_of(domain)
-        num_user, num_reply = int(wl.turn_user_tokens[turn]), int(wl.turn_reply_tokens[turn])
-        is_switch = state.prev_adapter is not None and state.prev_adapter != domain
+        is_switch = conv.prev_adapter is not None and conv.prev_adapter != domain
         group = domain if s.kind == "multi_agent" else 0
-        replica = self.router.choose(group, adapter, state.last_replica)
-        rec = TurnRecord(conv_id=state.conv_id, turn_index=turn_index, domain=domain,
+        replica = self.router.choose(group, adapter, conv.last_replica)
+        num_user = int(wl.turn_user_tokens[turn])
+        rec = TurnRecord(conv_id=conv.conv_id, turn_index=turn - conv.first_turn, domain=domain,
                          is_switch=is_switch, replica=replica.index, arrival_s=self.env.now,
-                         num_context_tokens=state.num_context_tokens, num_user_tokens=num_user)
-        yield from self._route(state, replica, turn, num_user, rec)
-        answer = yield from self._run(replica, self._answer_fields(
-            state, turn, domain, adapter, num_user, num_reply, is_switch), rec)
-        rec.on_answer(answer)
-        if s.kind == "mol" and domain != s.router_adapter_index and s.max_summary_tokens:
-            yield from self._run(replica, dict(
-                hop="summary", adapter=adapter, kv_namespace=adapter,
-                num_prompt_tokens=answer.num_prompt_tokens + num_reply,
-                num_output_tokens=s.max_summary_tokens, stream_id=state.conv_id,
-                num_stream_prompt_tokens=answer.num_prompt_tokens + num_reply), rec)
-        self.recorder.on_turn(rec, self.env.now)
-        state.num_context_tokens += num_user + num_reply
-        state.prev_adapter, state.last_replica = domain, replica.index
+                         num_context_tokens=conv.num_context_tokens, num_user_tokens=num_user)
+        self._advance(Turn(conv, rec, replica, domain, adapter, num_user,
+                           int(wl.turn_reply_tokens[turn]), is_switch))
 
-    def _answer_fields(self, state, turn, domain, adapter, num_user, num_reply, is_switch):
-        s, wl = self.strategy, self.workload
-        num_prompt = state.num_context_tokens + num_user
-        namespace = adapter if s.kind in ADAPTER_KV_KINDS else SHARED_NAMESPACE
+    def _advance(self, t: Turn) -> None:
+        """Start the turn's next hop, or end the turn when none is left."""
+        s = self.strategy
+        if t.stage == ROUTE:
+            t.stage = ANSWER
+            if self._route(t):
+                return
+        if t.stage == ANSWER:
+            if s.kind in ROUTING_KINDS:
+                t.rec.route_s = self.env.now - t.rec.arrival_s
+            t.stage = SUMMARY
+            self._run(t, self._answer_fields(t))
+            return
+        if t.stage == SUMMARY:
+            t.stage = DONE
+            t.rec.on_answer(t.answer)
+            if s.kind == "mol" and t.domain != s.router_adapter_index and s.max_summary_tokens:
+                num_prompt = t.answer.num_prompt_tokens + t.num_reply_tokens
+                self._run(t, dict(
+                    hop="summary", adapter=t.adapter, kv_namespace=t.adapter,
+                    num_prompt_tokens=num_prompt, num_output_tokens=s.max_summary_tokens,
+                    stream_id=t.conv.conv_id, num_stream_prompt_tokens=num_prompt))
+                return
+        self._end_turn(t)
+
+    def _answer_fields(self, t: Turn) -> dict:
+        s, wl, conv = self.strategy, self.workload, t.conv
+        num_prompt = conv.num_context_tokens + t.num_user_tokens
+        namespace = t.adapter if s.kind in ADAPTER_KV_KINDS else SHARED_NAMESPACE
         # A one-turn conversation's prompt is never seen again: keep it out of the cache.
-        stream = state.conv_id if self._is_multi_turn else PRIVATE_STREAM
-        fields = dict(hop="answer", adapter=adapter, kv_namespace=namespace,
-                      num_prompt_tokens=num_prompt, num_output_tokens=num_reply,
+        stream = conv.conv_id if self._is_multi_turn else PRIVATE_STREAM
+        fields = dict(hop="answer", adapter=t.adapter, kv_namespace=namespace,
+                      num_prompt_tokens=num_prompt, num_output_tokens=t.num_reply_tokens,
                       stream_id=stream, num_stream_prompt_tokens=num_prompt,
                       is_output_in_stream=True, is_decode_adapted=s.kind != "preft")
         if wl.turn_hash_ids is not None:
-            fields.update(hash_ids=wl.turn_hash_ids[turn], hash_block_tokens=wl.hash_block_tokens,
+            fields.update(hash_ids=wl.turn_hash_ids[conv.turn],
+                          hash_block_tokens=wl.hash_block_tokens, is_output_in_stream=False)
+        if s.kind == "multi_agent" and t.is_switch and s.num_handover_tokens is not None:
+            handover = min(conv.num_context_tokens, s.num_handover_tokens)
+            fields.update(num_prompt_tokens=handover + t.num_user_tokens,
+                          stream_id=PRIVATE_STREAM, num_stream_prompt_tokens=0,
                           is_output_in_stream=False)
-        if s.kind == "multi_agent" and is_switch and s.num_handover_tokens is not None:
-            handover = min(state.num_context_tokens, s.num_handover_tokens)
-            fields.update(num_prompt_tokens=handover + num_user, stream_id=PRIVATE_STREAM,
-                          num_stream_prompt_tokens=0, is_output_in_stream=False)
-        if s.kind in ("contextual_mol", "mol2") and is_switch:
+        if s.kind in ("contextual_mol", "mol2") and t.is_switch:
             fields.update(num_replay_tokens=s.replay_window_tokens,
-                          num_replay_context_tokens=state.num_context_tokens)
+                          num_replay_context_tokens=conv.num_context_tokens)
         if s.kind == "mol2" and s.routing == "in_engine" and s.measured_decision_time_s is None:
             fields.update(num_routing_decisions=1)
         return fields
 
-    def _route(self, state: ConversationState, replica: Replica, turn: int, num_user: int, rec):
-        """The routing phase of a turn: whatever the strategy runs before the answer."""
-        s, start = self.strategy, self.env.now
-        num_prompt = state.num_context_tokens + num_user
-        if s.kind not in ("mol", "contextual_mol", "mol2"):
-            return
+    def _route(self, t: Turn) -> bool:
+        """Start the routing phase of a turn, whatever the strategy runs before the answer;
+        False when there is none."""
+        s, conv = self.strategy, t.conv
+        num_prompt = conv.num_context_tokens + t.num_user_tokens
+        if s.kind not in ROUTING_KINDS:
+            return False
         if s.measured_decision_time_s is not None:
-            yield self.env.timeout(s.measured_decision_time_s)
+            self._after(s.measured_decision_time_s, self._advance, t)
         elif s.kind == "mol":
             router = s.router_adapter_index
-            yield from self._run(replica, dict(
+            self._run(t, dict(
                 hop="route", adapter=router, kv_namespace=router,
                 num_prompt_tokens=num_prompt + s.num_route_prompt_tokens,
-                num_output_tokens=s.num_route_decode_tokens, stream_id=state.conv_id,
-                num_stream_prompt_tokens=num_prompt), rec)
+                num_output_tokens=s.num_route_decode_tokens, stream_id=conv.conv_id,
+                num_stream_prompt_tokens=num_prompt))
         elif s.kind == "contextual_mol":
             options = s.num_domains * s.num_option_description_tokens
-            yield from self._run(replica, dict(
+            self._run(t, dict(
                 hop="route", adapter=-1, kv_namespace=SHARED_NAMESPACE,
                 num_prompt_tokens=num_prompt + options, num_output_tokens=0,
-                stream_id=state.conv_id, num_stream_prompt_tokens=state.num_context_tokens,
-                last_layer=self.routing_last_layer, num_routing_decisions=1), rec)
+                stream_id=conv.conv_id, num_stream_prompt_tokens=conv.num_context_tokens,
+                last_layer=self.routing_last_layer, num_routing_decisions=1))
         elif s.routing == "outside_engine":
-            yield from self._run(replica, dict(
+            self._run(t, dict(
                 hop="routing_prefill", adapter=-1, kv_namespace=SHARED_NAMESPACE,
                 num_prompt_tokens=num_prompt, num_output_tokens=0,
-                last_layer=self.routing_last_layer, num_routing_decisions=1), rec)
-        rec.route_s = self.env.now - start
+                last_layer=self.routing_last_layer, num_routing_decisions=1))
+        else:
+            return False
+        return True
 
-    def new_seq(self, fields: dict) -> Sequence:
-        """A sequence submitted now, with its completion event."""
+    def new_seq(self, fields: dict, owner, on_done) -> Sequence:
+        """A sequence submitted now; `on_done(seq)` runs (as an event) when it finishes."""
         self._num_seqs += 1
-        seq = Sequence(seq_id=self._num_seqs, submit_s=self.env.now, **fields)
-        seq.done = self.env.event()
-        return seq
+        return Sequence(seq_id=self._num_seqs, submit_s=self.env.now, owner=owner,
+                        on_done=on_done, **fields)
 
-    def _run(self, replica: Replica, fields: dict, rec: TurnRecord):
-        """Run one hop to completion; return its (decode-side, if disaggregated) sequence."""
+    def _run(self, t: Turn, fields: dict) -> None:
+        """Submit one hop; the turn advances when it (its decode side, if disaggregated) ends."""
         if self.disaggregation is not None and fields["num_output_tokens"] > 0 \
                 and fields.get("last_layer", -1) < 0:
-            return (yield from self.disaggregation.run(self, fields, rec))
-        seq = self.new_seq(fields)
-        replica.submit(seq)
-        yield seq.done
-        self.recorder.on_seq(seq, rec)
-        return seq
+            self.disaggregation.start(self, fields, t)
+            return
+        t.replica.submit(self.new_seq(fields, t, self.on_hop_done))
+
+    def on_hop_done(self, seq: Sequence) -> None:
+        """A hop of `seq.owner` finished: record it and move the turn on."""
+        self.recorder.on_seq(seq, seq.owner.rec)
+        self.advance_after_hop(seq)
+
+    def advance_after_hop(self, seq: Sequence) -> None:
+        """Move `seq`'s turn on once the hop `seq` (already recorded) has ended."""
+        t = seq.owner
+        if t.stage == SUMMARY:  # the hop that just ended is the answer
+            t.answer = seq
+        self._advance(t)

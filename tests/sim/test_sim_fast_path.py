@@ -5,9 +5,8 @@ import numpy as np
 import pytest
 
 from sim.config import ClusterSpec, DisaggregationSpec
-from sim.cost_model import create_step_batch, predict_step
+from sim.cost_model import attention_s_per_item, create_step_batch, predict_step
 from sim.simulate import create_profile, simulate
-from sim.step_pricer import attention_s_by_item
 from sim.testing import small_config
 from sim.workloads import conversation_workload, punica_workload
 
@@ -92,5 +91,5 @@ def test_attention_by_item_matches_the_cost_model(kind):
     batch = create_step_batch(n, ctx, num_layers=profile.num_layers, first_layer=first,
                               last_layer=last)
     expected = predict_step(config.coeffs, profile, batch).attention_s
-    got = attention_s_by_item(config.coeffs, profile, n, ctx, first, last).sum()
+    got = attention_s_per_item(config.coeffs, profile, n, ctx, first, last).sum()
     assert got == pytest.approx(expected, rel=1e-12)
