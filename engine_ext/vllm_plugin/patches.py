@@ -1,6 +1,6 @@
 """The hooks into vLLM's V1 engine. Imported only by `register()`, so vLLM loads lazily.
 
-Three places, all outside the compiled model region:
+Four places, all outside the compiled model region:
 * the runner's `set_active_loras` (called once per step before the forward): per-token adapter
   mapping with prefill-only adapters masked past the prompt, decisions resolved from hashes, and
   the list of requests to route in this step;
@@ -8,6 +8,8 @@ Three places, all outside the compiled model region:
   and re-point the LoRA mapping of the routed tokens before layer k+1 runs;
 * the prefix-cache block hash: a block holding decode tokens of a prefill-only adapter gets an
   extra key, because its KV was computed on base weights and must not serve a later prompt.
+* the CPU punica wrapper's shrink: tokens with no adapter get exactly zero LoRA delta (vLLM's
+  torch-native ops otherwise read slot -1 as the last slot).
 Every wrapper is marked, so installing twice is a no-op.
 """
 
@@ -97,11 +99,6 @@ def _make_set_active_loras(original):
                          {k: r.lora_path for k, r in requests.items()}, mapping_type, routes)
         prompt_map, token_map = _step_mapping(state, step)
         self._set_active_loras(prompt_map, token_map, set(requests.values()), mapping_type)
-        import os as _os
-        if _os.environ.get("MOLCAP_DEBUG"):
-            print("DBG", list(input_batch.req_ids[:n]), lora_ids.tolist(), sched.tolist(),
-                  sorted(set(token_map)), self.lora_manager._adapter_manager.lora_index_to_id,
-                  [(r, _incoming_hash(self, r)) for r in input_batch.req_ids[:n]], flush=True)
         state.mark_applied()
         state.step = step
         if len(state.resolved) > 4 * max(n, 1):
@@ -186,12 +183,29 @@ def _make_extra_keys(original):
     return generate_block_hash_extra_keys
 
 
+def _make_apply_shrink(original):
+    def _apply_shrink(self, y, x, w_t_all, scale):
+        original(self, y, x, w_t_all, scale)
+        # vLLM's torch-native LoRA ops gather weights with the token's slot index, and index -1
+        # ("no adapter") then reads the LAST slot: once every slot is taken, base tokens (and
+        # the masked decode tokens of LoRA_P) would get that adapter. Zero their shrink rows so
+        # the expand adds exactly 0. The CUDA/Triton kernels skip -1 themselves.
+        indices = self.token_lora_indices  # [N]
+        rows = y.view(-1, y.shape[-1])  # [>=N, r]
+        n = min(indices.shape[0], rows.shape[0])
+        rows[:n][indices[:n] < 0] = 0
+
+    return _apply_shrink
+
+
 def install() -> None:
-    """Patch vLLM's V1 runner and prefix-cache hashing (idempotent)."""
+    """Patch vLLM's V1 runner, the CPU LoRA path and prefix-cache hashing (idempotent)."""
+    from vllm.lora.punica_wrapper import punica_cpu
     from vllm.v1.core import block_pool, kv_cache_utils
     from vllm.v1.worker import lora_model_runner_mixin
 
     _wrap(lora_model_runner_mixin.LoRAModelRunnerMixin, "set_active_loras",
           _make_set_active_loras)
+    _wrap(punica_cpu.PunicaWrapperCPU, "_apply_shrink", _make_apply_shrink)
     for module in (kv_cache_utils, block_pool):
         _wrap(module, "generate_block_hash_extra_keys", _make_extra_keys)

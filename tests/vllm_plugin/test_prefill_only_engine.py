@@ -32,6 +32,7 @@ def served(tmp_path_factory):
         "all": save_adapter(model, root / "all", seed=1, prefill_only=False),
         "pre": save_adapter(model, root / "pre", seed=1, prefill_only=True),  # same weights
         "pre2": save_adapter(model, root / "pre2", seed=2, prefill_only=True),
+        "all3": save_adapter(model, root / "all3", seed=3, prefill_only=False),
     }
     config = root / "plugin.json"
     config.write_text(json.dumps({"counter_dir": str(root / "counters")}))
@@ -54,8 +55,10 @@ def _reference(ref, prompt, name, max_tokens=MAX_TOKENS):
 
 
 def test_mixed_batch_equals_reference_token_for_token(served):
+    # Every one of the max_loras=4 slots is taken: base tokens and LoRA_P decode tokens must
+    # still get no adapter (vLLM's CPU ops alone would give them the last slot's).
     llm, requests, ref = served
-    names = [None, "all", "pre", "pre2", "pre", None]
+    names = [None, "all", "pre", "pre2", "all3", "pre", None]
     prompts = [prompt_ids(seed, 20 + 7 * seed) for seed in range(len(names))]
     outs = generate(llm, prompts, [requests[n] for n in names], MAX_TOKENS)
     for prompt, name, out in zip(prompts, names, outs, strict=True):

