@@ -47,23 +47,22 @@ class KvBlockManager:
         """Leading keys found in the cache (stops at the first miss or uncacheable block)."""
         if not self.enable_prefix_caching:
             return 0
-        refs = self._refs
-        for count, key in enumerate(keys):
-            if key not in refs:
-                return count
-        return len(keys)
+        found = list(map(self._refs.__contains__, keys))
+        return found.index(False) if False in found else len(found)
 
     def count_evictable(self, keys: list[Hashable]) -> int:
         """How many of `keys` (all cached) sit unreferenced in the LRU list."""
-        return sum(1 for key in keys if key in self._evictable)
+        evictable = self._evictable
+        return sum(map(evictable.__contains__, keys))
 
     def acquire_cached(self, keys: list[Hashable]) -> None:
         """Take a reference on cached blocks (a prefix hit)."""
+        refs, evictable = self._refs, self._evictable
         for key in keys:
-            refs = self._refs[key]
-            if refs == 0:
-                del self._evictable[key]
-            self._refs[key] = refs + 1
+            count = refs[key]
+            if count == 0:
+                del evictable[key]
+            refs[key] = count + 1
 
     def allocate(self, num_blocks: int) -> None:
         """Take `num_blocks` uncached blocks, evicting LRU cached blocks when needed."""
@@ -71,10 +70,12 @@ class KvBlockManager:
             raise KvCapacityError(f"allocate({num_blocks}) with only {self.num_free} free")
         from_free = min(num_blocks, self.num_free_uncached)
         self.num_free_uncached -= from_free
-        for _ in range(num_blocks - from_free):
-            key, _ = self._evictable.popitem(last=False)
-            del self._refs[key]
-            self.num_evictions += 1
+        num_evict = num_blocks - from_free
+        if num_evict:
+            refs, pop = self._refs, self._evictable.popitem
+            for _ in range(num_evict):
+                del refs[pop(last=False)[0]]
+            self.num_evictions += num_evict
 
     def register(self, key: Hashable) -> bool:
         """Give a held, fully computed block a cache key; False if the key is already cached."""
@@ -85,14 +86,17 @@ class KvBlockManager:
 
     def release(self, keys: list[Hashable | None]) -> None:
         """Drop a sequence's blocks, tail first so that shared prefixes are evicted last."""
+        num_uncached = keys.count(None)
+        self.num_free_uncached += num_uncached
+        if num_uncached == len(keys):
+            return
+        refs, evictable = self._refs, self._evictable
         for key in reversed(keys):
-            if key is None:
-                self.num_free_uncached += 1
-                continue
-            refs = self._refs[key] - 1
-            self._refs[key] = refs
-            if refs == 0:
-                self._evictable[key] = None
+            if key is not None:
+                count = refs[key] - 1
+                refs[key] = count
+                if not count:
+                    evictable[key] = None
 
     def check_invariants(self) -> None:
         """Raise AssertionError when the accounting is inconsistent."""
