@@ -46,4 +46,6 @@ def _register_metrics() -> None:
         state.refresh()
         return state.counters.directory
 
-    REGISTRY.register(MetricsCollector(directory))
+    if getattr(REGISTRY, "_molcap_collector", None) is None:  # once per registry, not per call
+        REGISTRY._molcap_collector = MetricsCollector(directory)
+        REGISTRY.register(REGISTRY._molcap_collector)
