@@ -16,7 +16,7 @@ import pandas as pd
 from planner.profiles import StrategyCosting, create_strategy_costing
 from planner.scenario import Scenario
 from sim.cost_model import routing_decision_s
-from sim.memory_model import conversation_kv, memory_breakdown
+from sim.memory_model import conversation_kv
 from sim.phase_costs import bounded_replay_s, decode_run_s, decode_step, prefill_s
 
 GIB = 2**30
@@ -199,12 +199,8 @@ def memory_summary(scenario: Scenario) -> pd.DataFrame:
     e, hw = scenario.engine, scenario.hardware
     rows = []
     for strategy, costing in _costings(scenario):
-        mem = memory_breakdown(
-            costing.arch, costing.gpu, tensor_parallel_size=hw.tensor_parallel_size,
-            gpu_memory_utilization=e.gpu_memory_utilization, max_num_seqs=e.max_num_seqs,
-            max_num_batched_tokens=e.max_num_batched_tokens, block_size=e.block_size,
-            max_loras=e.max_loras, max_lora_rank=e.max_lora_rank,
-            uses_lora=costing.profile.adapter_kind != "none")
+        mem = e.memory(costing.arch, costing.gpu, hw.tensor_parallel_size,
+                       uses_lora=costing.profile.adapter_kind != "none")
         rows.append(dict(_labels(strategy, costing), gpu=costing.gpu.name,
                          weights_gib_per_gpu=mem.weight_bytes / GIB,
                          lora_slots_gib_per_gpu=mem.adapter_slot_bytes / GIB,

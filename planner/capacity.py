@@ -19,7 +19,6 @@ from planner.search import Deployment, Plan, SearchSpace, search
 from planner.simulation import create_workload, simulate_strategy
 from planner.workloads import ConversationWorkload, PunicaWorkload
 from sim.catalogue import GPUS
-from sim.memory_model import memory_breakdown
 from sim.phase_costs import decode_step, prefill_s
 from sim.specs import GpuSpec
 
@@ -98,11 +97,8 @@ def fitting_candidates(scenario: Scenario, index: int,
         s.tensor_parallel_sizes or (scenario.hardware.tensor_parallel_size,),
         s.max_num_seqs or (e.max_num_seqs,), s.max_loras or (e.max_loras,),
     ):
-        mem = memory_breakdown(
-            arch, specs[gpu], tensor_parallel_size=tp,
-            gpu_memory_utilization=e.gpu_memory_utilization, max_num_seqs=seqs,
-            max_num_batched_tokens=e.max_num_batched_tokens, block_size=e.block_size,
-            max_loras=loras, max_lora_rank=e.max_lora_rank, uses_lora=strategy.kind != "base")
+        mem = e.memory(arch, specs[gpu], tp, uses_lora=strategy.kind != "base",
+                       max_num_seqs=seqs, max_loras=loras)
         if mem.num_kv_tokens < shape.max_context_tokens:
             dropped.append(f"{gpu} TP={tp}: {arch.name} leaves KV for {mem.num_kv_tokens} "
                            f"tokens, the workload needs {shape.max_context_tokens}")

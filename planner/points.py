@@ -53,6 +53,18 @@ class PointStore:
         write_atomic(self.path(key), json.dumps(record, default=str).encode("utf-8"))
 
 
+def progress_counter(total: int, on_progress: Callable[[int, int], None] | None):
+    """An `on_done` hook that reports (finished, total) after each point."""
+    finished = [0]
+
+    def on_done(task: PointTask, record: dict) -> None:
+        finished[0] += 1
+        if on_progress is not None:
+            on_progress(finished[0], total)
+
+    return on_done
+
+
 def _guarded(fn: PointFn, payload: dict) -> dict:
     """Run one point; turn an exception into an error record instead of killing the run."""
     try:

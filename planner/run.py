@@ -16,7 +16,7 @@ from planner.figures import (
 )
 from planner.loading import load_scenario
 from planner.plan_points import plan_point, scenario_tasks, simulate_point
-from planner.points import PointStore, run_points
+from planner.points import PointStore, progress_counter, run_points
 from planner.report import ReportSection, render_html, timestamp, write_atomic, write_table
 from planner.scenario import Scenario
 from sim import figures as sim_figures
@@ -154,15 +154,9 @@ def run_scenario_file(
     out_dir = Path(out_root) / scenario.name
     comparisons = run_comparisons(scenario)
     tasks = scenario_tasks(scenario, "sim") + scenario_tasks(scenario, "plan")
-    done = [0]
-
-    def on_done(task, record):
-        done[0] += 1
-        if on_progress:
-            on_progress(done[0], len(tasks))
-
     records = run_points(tasks, _run_point, PointStore(out_dir / "points"), backend=backend,
-                         num_workers=num_workers, ray_address=ray_address, on_done=on_done)
+                         num_workers=num_workers, ray_address=ray_address,
+                         on_done=progress_counter(len(tasks), on_progress))
     frames, errors = _collect(records)
     tables = write_table(tidy(comparisons), out_dir / "comparisons")
     for name, df in {**comparisons, **frames}.items():

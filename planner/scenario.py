@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -10,7 +10,7 @@ from planner.base import FrozenModel
 from planner.strategies import SHARED_KV_KINDS, StrategyConfig
 from planner.workloads import ConversationWorkload, PunicaWorkload, WorkloadConfig
 from sim.catalogue import GPUS, MODELS
-from sim.memory_model import memory_breakdown
+from sim.memory_model import MemoryBreakdown, memory_breakdown
 from sim.placement import kv_writing_decoder_layers, layers_out_of_range, placement_violations
 from sim.specs import GpuSpec, ModelArch
 
@@ -32,6 +32,10 @@ class HardwareConfig(FrozenModel):
     """Tensor-parallel degree inside a replica."""
     num_replicas: int = Field(default=1, ge=1, le=100_000)
     """Replicas behind the request router."""
+    router: Literal["round_robin", "least_outstanding", "affinity"] = "least_outstanding"
+    """How the request router picks a turn's replica: in turn; the one with the fewest
+    outstanding requests; or affinity (the conversation's last replica, which holds its prefix,
+    unless it is much busier, then one holding the adapter)."""
 
     @model_validator(mode="after")
     def _tp_fits(self) -> HardwareConfig:
@@ -105,6 +109,18 @@ class EngineConfig(FrozenModel):
     speculative: SpeculativeConfig | None = None
     """Speculative decoding; None decodes one token per step."""
 
+    def memory(self, arch: ModelArch, gpu: GpuSpec, tensor_parallel_size: int, *,
+               uses_lora: bool, max_num_seqs: int | None = None,
+               max_loras: int | None = None) -> MemoryBreakdown:
+        """Per-GPU memory split and KV blocks of one replica under these limits (or overrides)."""
+        return memory_breakdown(
+            arch, gpu, tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_num_seqs=max_num_seqs or self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens, block_size=self.block_size,
+            max_loras=max_loras or self.max_loras, max_lora_rank=self.max_lora_rank,
+            uses_lora=uses_lora)
+
     @model_validator(mode="after")
     def _limits(self) -> EngineConfig:
         if self.max_lora_rank not in VLLM_LORA_RANKS:
@@ -130,6 +146,16 @@ class SloConfig(FrozenModel):
     """Median end-to-end latency of a request (a turn)."""
     e2e_p99_s: float | None = Field(default=None, gt=0, le=86_400)
     """99th-percentile end-to-end latency."""
+
+
+class SimulationConfig(FrozenModel):
+    """Bounds that stop a simulation that would not end; a run that hits one fails with a
+    message naming the bound."""
+
+    max_simulated_time_s: float = Field(default=30 * 86_400.0, gt=0, le=1e9)
+    """Simulated seconds after which a run stops with its unfinished turns reported."""
+    max_engine_steps: int = Field(default=200_000_000, ge=1, le=10**12)
+    """Engine steps, summed over replicas, after which a run stops."""
 
 
 class SearchSpaceConfig(FrozenModel):
@@ -212,6 +238,8 @@ class Scenario(FrozenModel):
     """What the capacity search may vary."""
     analysis: AnalysisConfig = AnalysisConfig()
     """Grids of the analytical comparisons."""
+    simulation: SimulationConfig = SimulationConfig()
+    """Bounds on every simulation run."""
     seed: int = Field(default=0, ge=0, le=2**32 - 1)
     """Seed of every random draw."""
 
@@ -323,13 +351,7 @@ def _fit_problems(s: Scenario) -> list[str]:
         if arch.name in seen:
             continue
         seen.add(arch.name)
-        mem = memory_breakdown(
-            arch, gpu, tensor_parallel_size=tp,
-            gpu_memory_utilization=s.engine.gpu_memory_utilization,
-            max_num_seqs=s.engine.max_num_seqs,
-            max_num_batched_tokens=s.engine.max_num_batched_tokens,
-            block_size=s.engine.block_size, max_loras=s.engine.max_loras,
-            max_lora_rank=s.engine.max_lora_rank, uses_lora=strategy.kind != "base")
+        mem = s.engine.memory(arch, gpu, tp, uses_lora=strategy.kind != "base")
         if mem.num_kv_blocks < 1:
             gib = 2**30
             out.append(

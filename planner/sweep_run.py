@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.express as px
 
 from planner.analysis import strategy_summary
-from planner.points import PointStore, PointTask, run_points
+from planner.points import PointStore, PointTask, progress_counter, run_points
 from planner.report import ReportSection, render_html, timestamp, write_atomic, write_table
 from planner.scenario import Scenario
 from planner.simulation import simulate_strategy
@@ -78,15 +78,9 @@ def run_sweep(
     out_dir = Path(out_root) / spec.name
     tasks = [PointTask(key, {"params": params, "scenario": scenario, "evaluate": spec.evaluate})
              for key, params, scenario in points]
-    finished = [0]
-
-    def on_done(task, record):
-        finished[0] += 1
-        if on_progress:
-            on_progress(finished[0], len(tasks))
-
     records = run_points(tasks, evaluate_point, PointStore(out_dir / "points"), backend=backend,
-                         num_workers=num_workers, ray_address=ray_address, on_done=on_done)
+                         num_workers=num_workers, ray_address=ray_address,
+                         on_done=progress_counter(len(tasks), on_progress))
     table, errors = collect_table(records)
     paths = write_table(table, out_dir / "sweep") if not table.empty else []
     failed = pd.DataFrame([{"point": k, "error": v} for k, v in errors.items()])
