@@ -102,14 +102,21 @@ class CEDAttention(nn.Module):
         """
         cfg = self.cfg
         b, t, _ = x.shape
-        num_total_sources = len(cfg.kv_source_layers)
-        q = self.index_q(x).view(b, t, cfg.num_index_heads, cfg.d_index)  # [B, T, h, dI]
-        keys = self.index_k(entries)  # [B, N, dI]
-        scores = torch.einsum("bthd,bnd->btn", q, keys) * cfg.d_index**-0.5  # [B, T, N]
-        ids = torch.arange(entries.shape[1])
-        visible = (ids // num_total_sources)[None, :] <= positions[:, None]  # [T, N]
-        visible &= (ids % num_total_sources < num_sources)[None, :]
-        scores = scores.masked_fill(~visible, float("-inf"))
+        num_total = len(cfg.kv_source_layers)
+        # The heads' scores are summed, so their queries can be summed first: one product.
+        q = self.index_q(x).view(b, t, cfg.num_index_heads, cfg.d_index).sum(2)  # [B, T, dI]
+        keys = self.index_k(entries)  # [B, N, dI]; O(N), cheap next to the scores
+        scores = (q * cfg.d_index**-0.5) @ keys.transpose(1, 2)  # [B, T, N]
+        # Masks touch only what can be invisible, never a fresh [T, N] tensor: the sources not
+        # yet written at this depth (a strided fill) and the positions after the chunk's first
+        # query (the causal tail, at most T positions); older entries are visible to all.
+        by_pos = scores.view(b, t, -1, num_total)  # [B, T, P, S]
+        if num_sources < num_total:
+            by_pos[..., num_sources:] = float("-inf")
+        first = int(positions[0]) + 1
+        tail_pos = torch.arange(first, by_pos.shape[2])  # [P - first]
+        future = tail_pos[None, :] > positions[:, None]  # [T, P - first]
+        by_pos[:, :, first:].masked_fill_(future[None, :, :, None], float("-inf"))
         if scores.shape[-1] < cfg.index_topk:  # pad so k is constant whatever the context
             scores = F.pad(scores, (0, cfg.index_topk - scores.shape[-1]), value=float("-inf"))
         top, index = scores.topk(cfg.index_topk, dim=-1)  # [B, T, k]
