@@ -7,13 +7,18 @@ once, in chunks), and at each length the session switches adapters both ways: bo
 last W positions, and a full recompute of the whole context under the target. Prints a table and
 writes out/bench/engine_switch.json. Not a timed test: numbers depend on the machine. The full
 recompute is O(T^2) in the indexer, so by default it is measured up to 4k tokens only
-(--max-recompute); growing the history to 16k itself takes minutes on a small CPU.
+(--max-recompute, printed under the table); growing the history to 16k itself takes minutes on a
+small CPU. Replay should stay roughly flat: its only context-dependent work is the four decoder
+index layers scoring every global-KV entry (one [W, d_index] x [d_index, N] product and a top-k).
+Runs on one thread by default (--threads): on a shared CPU, more threads than free cores makes
+timings swing by several times; the 1-minute load average is recorded with the results.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -38,15 +43,51 @@ def build_engine(preset: str) -> CEDEngine:
     return engine
 
 
-def timed(fn, repeats: int, setup=lambda: None) -> float:
-    """Median seconds of fn(setup()) over `repeats`; setup is not timed."""
-    times = []
+def timed(fn, repeats: int, setup=lambda: None) -> tuple[float, float]:
+    """Median wall and CPU seconds of fn(setup()) over `repeats`; setup is not timed.
+
+    CPU time (of this process) is what a shared machine distorts least: with one thread, waiting
+    for a core that another job holds shows in wall time only.
+    """
+    walls, cpus = [], []
     for _ in range(repeats):
         arg = setup()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         fn(arg)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu_start)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def time_indexer(engine: CEDEngine, state, repeats: int) -> float:
+    """CPU seconds the decoder index layers of one replay spend scoring the global KV (top-k)."""
+    cfg = engine.config
+    entries = state.latents.flatten(1, 2)  # [B, P*S, d_latent]
+    positions = torch.arange(state.num_positions - cfg.window, state.num_positions)
+    x = state.anchor_hidden  # [B, W, D]: stands in for the replayed hidden state
+    layers = [engine.model.model.layers[i].self_attn for i in cfg.index_layers
+              if i > cfg.first_decoder_layer]
+    num_sources = len(cfg.kv_source_layers)
+    return timed(lambda _s: [a.select(x, entries, positions, num_sources) for a in layers],
+                 repeats=repeats)[1]
+
+
+def print_table(rows: list[dict], max_recompute: int) -> None:
+    """Replay and full-recompute times per context (CPU and wall); replay vs the shortest."""
+    base = rows[0]["replay_cpu_s"]
+    print(f"\n{'context':>8} | {'replay CPU ms':>13} {'x first':>7} {'indexer ms':>10} "
+          f"{'wall ms':>8} | {'recompute CPU s':>15} {'wall s':>7} {'CPU ratio':>9} | "
+          f"{'load 1m':>7}")
+    for r in rows:
+        rec, rec_wall = r["recompute_cpu_s"], r["recompute_s"]
+        rec_cells = (f"{rec:15.2f} {rec_wall:7.2f} {rec / r['replay_cpu_s']:9.1f}" if rec
+                     else f"{'skipped':>15} {'-':>7} {'-':>9}")
+        print(f"{r['context']:>8} | {r['replay_cpu_s'] * 1e3:13.1f} "
+              f"{r['replay_cpu_s'] / base:7.2f} {r['replay_index_cpu_s'] * 1e3:10.1f} "
+              f"{r['replay_s'] * 1e3:8.1f} | {rec_cells} | {r['loadavg_1m']:7.2f}")
+    print(f"full recompute measured up to {max_recompute} tokens (--max-recompute); replay "
+          f"recomputes the last W positions; 'indexer' is the part of replay that scores the "
+          f"global KV")
 
 
 @torch.no_grad()
@@ -58,8 +99,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chunk", type=int, default=512)
     parser.add_argument("--max-recompute", type=int, default=4096,
                         help="skip the full recompute above this context (it is O(T^2))")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--out", type=Path, default=Path("out/bench/engine_switch.json"))
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
     engine = build_engine(args.preset)
     cfg = engine.config
     ids = torch.randint(0, cfg.vocab_size, (1, max(args.contexts)),
@@ -67,25 +111,28 @@ def main(argv: list[str] | None = None) -> None:
     state, rows = engine.new_state(), []
     for n in sorted(args.contexts):
         engine.prefill(state, ids[:, state.num_positions : n], "source", chunk_size=args.chunk)
-        replay_s = timed(lambda s: engine.switch(s, "target"), repeats=3, setup=state.clone)
-        recompute_s = None
+        replay_s, replay_cpu_s = timed(lambda s: engine.switch(s, "target"), repeats=5,
+                                       setup=state.clone)
+        row = {"context": n, "replay_positions": cfg.window, "replay_s": replay_s,
+               "replay_cpu_s": replay_cpu_s,
+               "replay_index_cpu_s": time_indexer(engine, state, repeats=5),
+               "recompute_s": None, "recompute_cpu_s": None}
         if n <= args.max_recompute:
-            recompute_s = timed(lambda _s, n=n: engine.oracle(ids[:, :n], "target",
-                                                              chunk_size=args.chunk), repeats=1)
-        rows.append({"context": n, "replay_s": replay_s, "recompute_s": recompute_s,
-                     "replay_positions": cfg.window})
-        rec = "skipped" if recompute_s is None else f"{recompute_s:10.3f}"
-        print(f"context {n:6d}: replay {replay_s * 1e3:8.1f} ms   full recompute {rec} s",
-              flush=True)
-    print(f"\n{'context':>8} {'replay_ms':>10} {'recompute_s':>12} {'speedup':>8}")
-    for r in rows:
-        rec = r["recompute_s"]
-        speed = f"{rec / r['replay_s']:8.1f}" if rec else f"{'-':>8}"
-        rec_cell = f"{rec:12.3f}" if rec else f"{'-':>12}"
-        print(f"{r['context']:>8} {r['replay_s'] * 1e3:10.1f} {rec_cell} {speed}")
+            row["recompute_s"], row["recompute_cpu_s"] = timed(
+                lambda _s, n=n: engine.oracle(ids[:, :n], "target", chunk_size=args.chunk),
+                repeats=1)
+        row["loadavg_1m"] = os.getloadavg()[0]
+        rows.append(row)
+        rec = row["recompute_cpu_s"]
+        print(f"context {n:6d}: replay {replay_cpu_s * 1e3:.1f} ms CPU "
+              f"(indexer {row['replay_index_cpu_s'] * 1e3:.1f}), full recompute "
+              f"{'skipped' if rec is None else f'{rec:.2f} s CPU'}", flush=True)
+    print_table(rows, args.max_recompute)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"preset": args.preset, "window": cfg.window, "num_layers": cfg.num_layers,
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "max_recompute": args.max_recompute,
+            "chunk": args.chunk, "loadavg_1m_start": load_before,
+            "loadavg_1m_end": os.getloadavg()[0], "cpu_count": os.cpu_count()}
     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     print(f"wrote {args.out}")
 
