@@ -28,7 +28,7 @@ from sim.model_shapes import lora_weights_per_rank
 from sim.placement import adapter_placements
 from sim.simulate import SimResult, simulate
 from sim.specs import ModelArch
-from sim.traces import TRACES_DIR, trace_workload
+from sim.traces import TRACES_DIR, servegen_popularity, trace_workload
 from sim.workloads import Workload, conversation_workload, punica_workload
 
 SHARED_KV_KINDS = ("contextual_mol", "mol2")
@@ -75,7 +75,8 @@ def strategy_spec(scenario: Scenario, index: int) -> StrategySpec:
         fields["replay_window_tokens"] = (st.replay_window_tokens
                                           or arch.ced.sliding_window_tokens)
     if st.kind == "contextual_mol":
-        fields["num_option_description_tokens"] = st.num_option_description_tokens
+        fields.update(num_option_description_tokens=st.num_option_description_tokens,
+                      num_head_params=st.num_head_params)
     if st.kind == "mol2":
         fields.update(routing=st.routing, num_head_params=st.num_head_params)
     if st.kind in ("mol", "contextual_mol", "mol2"):
@@ -114,12 +115,13 @@ def create_workload(scenario: Scenario, num_domains: int, rng: np.random.Generat
         near = (scenario_dir or Path.cwd()) / path
         path = near if near.exists() else TRACES_DIR / path
     c = w.columns
+    weights = servegen_popularity(num_domains) if w.popularity == "servegen" else None
     return trace_workload(
         rng, path, num_domains=num_domains, fmt=w.format, arrival_column=c.arrival_time,
         input_column=c.num_input_tokens, output_column=c.num_output_tokens,
         hash_ids_column=c.hash_ids, adapter_column=c.adapter, time_unit=w.time_unit,
         hash_block_tokens=w.hash_block_tokens, rate_scale=w.rate_scale,
-        length_scale=w.length_scale, max_requests=w.max_requests)
+        length_scale=w.length_scale, max_requests=w.max_requests, domain_weights=weights)
 
 
 def _slo_targets(scenario: Scenario) -> dict:
@@ -130,12 +132,13 @@ def _slo_targets(scenario: Scenario) -> dict:
 
 def simulate_strategy(
     scenario: Scenario, strategy_index: int, *, num_replicas: int | None = None,
-    router: RouterPolicy = "least_outstanding", mode: str = "fast", seed: int | None = None,
+    router: RouterPolicy | None = None, mode: str = "fast", seed: int | None = None,
     workload: Workload | None = None, scenario_dir: Path | None = None,
     bounds: SimBounds | None = None, timeseries_interval_s: float = 1.0,
 ) -> SimResult:
-    """Simulate strategy `strategy_index` of `scenario` (replicas default to the scenario's;
-    multi-agent gets at least one per agent). Pass `workload` to reuse one across strategies."""
+    """Simulate strategy `strategy_index` of `scenario` (replicas, router and bounds default to
+    the scenario's; multi-agent gets at least one replica per agent). Pass `workload` to reuse
+    one across strategies."""
     strategy = strategy_spec(scenario, strategy_index)
     hw, e = scenario.hardware, scenario.engine
     replicas = num_replicas or hw.num_replicas
@@ -152,8 +155,9 @@ def simulate_strategy(
         arch=scenario.strategy_arch(strategy_index), gpu=hw.gpu_spec,
         tensor_parallel_size=hw.tensor_parallel_size, engine=engine_limits(scenario),
         strategy=strategy, coeffs=default_coeffs(hw.gpu_spec),
-        cluster=ClusterSpec(num_replicas=replicas, router=router, disaggregation=disagg),
-        bounds=bounds or SimBounds(), seed=run_seed, mode=mode)
+        cluster=ClusterSpec(num_replicas=replicas, router=router or hw.router,
+                            disaggregation=disagg),
+        bounds=bounds or SimBounds(**scenario.simulation.model_dump()), seed=run_seed, mode=mode)
     if workload is None:
         workload = create_workload(scenario, strategy.num_domains,
                                    np.random.default_rng(run_seed), scenario_dir)

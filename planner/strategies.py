@@ -27,6 +27,10 @@ class AdapterConfig(FrozenModel):
     placement rule allows (layer-20 FFN and layers 21-39 on the CED model)."""
 
 
+CONTEXTUAL_HEAD_PARAMS = 2 * 5120 * 1024
+"""Assumed contextual-MoL q/k head size (no published figure): two 5120 -> 1024 projections."""
+
+
 class _StrategyBase(FrozenModel):
     name: str | None = Field(default=None, min_length=1)
     """Label of this strategy in reports; None uses `kind`."""
@@ -106,6 +110,9 @@ class ContextualMolStrategy(_SharedKvStrategy):
     """Strategy discriminator."""
     num_option_description_tokens: int = Field(default=64, ge=1, le=100_000)
     """Description tokens per option, encoded after the query in a temporary pass."""
+    num_head_params: int = Field(default=CONTEXTUAL_HEAD_PARAMS, ge=1, le=10**11)
+    """Routing (q/k scoring) head parameters. Default assumed, not published: q and k
+    projections of H19 from 5120 to 1024 dimensions, 2 x 5120 x 1024."""
     measured_decision_time_s: float | None = Field(default=None, gt=0, le=3600)
     """Measured decision time; None derives it from the cost model."""
 

@@ -104,6 +104,18 @@ class TraceWorkload(FrozenModel):
     """Multiplier applied to input and output lengths."""
     max_requests: int | None = Field(default=None, ge=1, le=100_000_000)
     """Replay at most this many rows; None replays the whole file."""
+    popularity: Literal["uniform", "servegen"] = "uniform"
+    """Adapter mix when the trace has no adapter column: uniform, or servegen (weights are the
+    mean request rates of the busiest ServeGen clients, one client per adapter)."""
+
+    @model_validator(mode="after")
+    def _popularity_needs_no_adapter_column(self) -> TraceWorkload:
+        if self.popularity != "uniform" and self.columns.adapter is not None:
+            raise ValueError(
+                f"popularity={self.popularity!r} draws adapters, but columns.adapter="
+                f"{self.columns.adapter!r} already names them; drop one of the two"
+            )
+        return self
 
     @model_validator(mode="after")
     def _hash_ids_need_jsonl(self) -> TraceWorkload:

@@ -35,8 +35,8 @@ class StepCounter:
         self.num_events += 1
         if self.num_steps > self.max_steps:
             raise SimulationError(
-                f"bounds.max_engine_steps={self.max_steps} reached; raise it or shorten the "
-                f"workload")
+                f"simulation.max_engine_steps={self.max_steps} reached (engine steps summed over "
+                f"replicas); raise it or shorten the workload")
 
 
 class Replica:

@@ -179,7 +179,7 @@ def simulate(config: SimConfig, workload: Workload, *, timeseries_interval_s: fl
         env.run(until=config.bounds.max_simulated_time_s)
     if len(recorder.turns) < workload.num_turns:
         raise SimulationError(
-            f"bounds.max_simulated_time_s={config.bounds.max_simulated_time_s} reached with "
+            f"simulation.max_simulated_time_s={config.bounds.max_simulated_time_s} reached with "
             f"{workload.num_turns - len(recorder.turns)} of {workload.num_turns} turns "
             f"unfinished; the deployment is overloaded or the bound is too short")
     frames = recorder.frames()
