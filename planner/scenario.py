@@ -10,7 +10,7 @@ from planner.base import FrozenModel
 from planner.strategies import SHARED_KV_KINDS, StrategyConfig
 from planner.workloads import ConversationWorkload, PunicaWorkload, WorkloadConfig
 from sim.catalogue import GPUS, MODELS
-from sim.memory_model import memory_breakdown
+from sim.memory_model import MemoryBreakdown, memory_breakdown
 from sim.placement import kv_writing_decoder_layers, layers_out_of_range, placement_violations
 from sim.specs import GpuSpec, ModelArch
 
@@ -108,6 +108,18 @@ class EngineConfig(FrozenModel):
     """Prefill/decode disaggregation; None runs both phases on every replica."""
     speculative: SpeculativeConfig | None = None
     """Speculative decoding; None decodes one token per step."""
+
+    def memory(self, arch: ModelArch, gpu: GpuSpec, tensor_parallel_size: int, *,
+               uses_lora: bool, max_num_seqs: int | None = None,
+               max_loras: int | None = None) -> MemoryBreakdown:
+        """Per-GPU memory split and KV blocks of one replica under these limits (or overrides)."""
+        return memory_breakdown(
+            arch, gpu, tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_num_seqs=max_num_seqs or self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens, block_size=self.block_size,
+            max_loras=max_loras or self.max_loras, max_lora_rank=self.max_lora_rank,
+            uses_lora=uses_lora)
 
     @model_validator(mode="after")
     def _limits(self) -> EngineConfig:
@@ -339,13 +351,7 @@ def _fit_problems(s: Scenario) -> list[str]:
         if arch.name in seen:
             continue
         seen.add(arch.name)
-        mem = memory_breakdown(
-            arch, gpu, tensor_parallel_size=tp,
-            gpu_memory_utilization=s.engine.gpu_memory_utilization,
-            max_num_seqs=s.engine.max_num_seqs,
-            max_num_batched_tokens=s.engine.max_num_batched_tokens,
-            block_size=s.engine.block_size, max_loras=s.engine.max_loras,
-            max_lora_rank=s.engine.max_lora_rank, uses_lora=strategy.kind != "base")
+        mem = s.engine.memory(arch, gpu, tp, uses_lora=strategy.kind != "base")
         if mem.num_kv_blocks < 1:
             gib = 2**30
             out.append(
