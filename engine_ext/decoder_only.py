@@ -162,6 +162,18 @@ class DecoderOnlyEngine:
             cache.tokens = torch.cat([cache.tokens, tokens], dim=1)
             return self.hf.lm_head(self.hf.model.norm(h))
 
+    def prefill_shared(self, cache: DecoderCache, tokens: torch.Tensor) -> torch.Tensor:
+        """Layers 0..k only (adapter-free by placement) over tokens [B, T]; extends their KV and
+        `cache.boundary` and returns the layer-k output [B, T, D]. `handoff_above` runs the rest.
+        """
+        k = self.route_layer
+        if k is None:
+            raise ValueError("prefill_shared needs an engine with route_layer")
+        positions = torch.arange(cache.num_positions, cache.num_positions + tokens.shape[1])
+        h = self._run_layers(self.hf.model.embed_tokens(tokens), cache, 0, k + 1, positions)
+        cache.tokens = torch.cat([cache.tokens, tokens], dim=1)
+        return h
+
     def handoff(self, cache: DecoderCache, adapters) -> tuple[DecoderCache, torch.Tensor]:
         """MoL handoff: re-prefill the full context under `adapters`; returns cache and logits."""
         fresh = self.new_cache(cache.tokens.shape[0])

@@ -1,4 +1,4 @@
-"""Test helpers: a tiny random CED model and adapters with distinct module sets."""
+"""Test helpers: a tiny random CED model, adapters with distinct module sets, a tiny Llama."""
 
 from __future__ import annotations
 
@@ -28,6 +28,16 @@ def make_engine(seed: int = 0, **engine_kwargs) -> CEDEngine:
     for name, spec in SPECS.items():
         engine.add_adapter(name, random_lora(model, spec, gen))
     return engine
+
+
+def tiny_llama(seed: int = 0):
+    """Random 4-layer HF Llama (vocabulary 100) in eval mode."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    return LlamaForCausalLM(cfg).eval()
 
 
 def tokens(n: int, seed: int = 3, batch: int = 1) -> torch.Tensor:

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from engine_helpers import tiny_llama
 
 from engine_ext.decoder_only import DecoderOnlyEngine, chat_prompt_ids, load_smollm2
 from engine_ext.lora import LoraSpec, merge_slot, random_lora
@@ -14,13 +14,6 @@ from engine_ext.registry import AdapterLoadError
 
 UPPER = LoraSpec(rank=4, alpha=8, target_modules=("q_proj", "v_proj", "down_proj"), layers=(2, 3))
 ALL = LoraSpec(rank=2, alpha=4, target_modules=("o_proj", "up_proj"))
-
-
-def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    return LlamaForCausalLM(cfg).eval()
 
 
 def _ids(n: int, seed: int = 1) -> torch.Tensor:
