@@ -4,9 +4,13 @@ for every strategy, on workloads that exercise arrivals mid-run, preemption and 
 import numpy as np
 import pytest
 
+from sim import step_pricer
 from sim.config import ClusterSpec, DisaggregationSpec
 from sim.cost_model import attention_s_per_item, create_step_batch, predict_step
+from sim.engine import StepPlan
+from sim.sequence import Sequence
 from sim.simulate import create_profile, simulate
+from sim.step_pricer import StepPricer
 from sim.testing import small_config
 from sim.workloads import conversation_workload, punica_workload
 
@@ -93,3 +97,30 @@ def test_attention_by_item_matches_the_cost_model(kind):
     expected = predict_step(config.coeffs, profile, batch).attention_s
     got = attention_s_per_item(config.coeffs, profile, n, ctx, first, last).sum()
     assert got == pytest.approx(expected, rel=1e-12)
+
+
+def _decode_run(adv: int, contexts: list[int], num_steps: int):
+    config = small_config("multi_lora")
+    pricer = StepPricer(config.coeffs, create_profile(config), replay_first_layer=0,
+                        num_decode_compute_tokens=adv, num_tokens_per_decode_step=adv,
+                        is_fast=True)
+    seqs = [Sequence(seq_id=i, hop="answer", adapter=i % 2, kv_namespace=i % 2,
+                     num_prompt_tokens=c, num_output_tokens=10_000, submit_s=0.0,
+                     num_computed_tokens=c, num_generated_tokens=1)
+            for i, c in enumerate(contexts)]
+    return pricer.decode_run(StepPlan(decodes=seqs), num_steps)
+
+
+@pytest.mark.parametrize("adv", (1, 3))
+def test_interrupted_run_search_agrees_with_bisection(monkeypatch, adv):
+    # Where an arrival cuts a run: one numpy pass over all steps, or bisection on long runs.
+    num_steps = 200
+    run = _decode_run(adv, [7, 300, 1200, 4000], num_steps)
+    ends = [run.elapsed_s(k) for k in range(num_steps + 1)]
+    times = [ends[k] for k in (1, 2, 57, 199, 200)] + [ends[k] + 1e-7 for k in (0, 1, 99)]
+    found = [run.steps_to_reach(t, num_steps) for t in times]
+    monkeypatch.setattr(step_pricer, "MAX_VECTOR_SEARCH_CELLS", 0)
+    assert found == [run.steps_to_reach(t, num_steps) for t in times]
+    assert found == [1, 2, 57, 199, 200, 1, 2, 100]
+    for t, k in zip(times, found, strict=True):
+        assert ends[k - 1] < t <= ends[k]

@@ -1,0 +1,39 @@
+"""Scale: a burst of requests all arriving at time 0 holds plain records, not a SimPy process
+(generator frames, events) per request; cost grows linearly with the number of requests."""
+
+import tracemalloc
+
+import numpy as np
+
+from sim.simulate import simulate
+from sim.testing import small_config
+from sim.workloads import punica_workload
+
+MAX_BYTES_PER_REQUEST = 2000
+"""Sequence, turn records and result rows fit in this; a process per request needed ~2.5 kB."""
+
+
+def _run(num_requests: int):
+    config = small_config("multi_lora", max_num_seqs=64).model_copy(
+        update={"check_invariants": False})
+    workload = punica_workload(np.random.default_rng(0), num_requests=num_requests,
+                               num_adapters=4, num_output_tokens=4)
+    return simulate(config, workload)
+
+
+def test_a_burst_at_time_zero_stays_small_per_request():
+    _run(10)  # imports and one-off tables out of the measurement
+    tracemalloc.start()
+    try:
+        result = _run(5000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(result.requests) == 5000
+    assert peak / 5000 < MAX_BYTES_PER_REQUEST, peak / 5000
+
+
+def test_engine_work_grows_linearly_with_requests():
+    small, large = _run(1000).stats, _run(4000).stats
+    assert large["num_engine_events"] <= 4.2 * small["num_engine_events"]
+    assert large["num_engine_steps"] <= 4.2 * small["num_engine_steps"]
