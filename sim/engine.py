@@ -91,28 +91,33 @@ class Engine:
                    seq.num_output_tokens - seq.num_generated_tokens)
 
     def _schedule_running(self, plan: StepPlan, budget: int, now: float) -> int:
+        bs, kv, running = self.block_size, self.kv, self.running
+        decode_cost, adv = self.num_decode_compute_tokens, self.num_tokens_per_decode_step
         i = 0
-        while i < len(self.running):
-            seq = self.running[i]
-            if seq.is_prefilling:
-                num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-                cost = num_new
+        while i < len(running):
+            seq = running[i]
+            # Inlined Sequence.num_tokens / is_prefilling: this loop runs for every sequence of
+            # every step of the reference path.
+            generated = seq.num_generated_tokens
+            pending = seq.num_prompt_tokens + generated - seq.num_computed_tokens
+            is_prefilling = generated == 0 or pending > 1
+            if is_prefilling:
+                num_new = cost = min(pending, budget)
             else:
-                num_new, cost = self._decode_tokens(seq), self.num_decode_compute_tokens
+                num_new, cost = min(adv, seq.num_output_tokens - generated), decode_cost
             if num_new <= 0 or cost > budget:
                 i += 1
                 continue
-            need = _ceil_div(seq.num_computed_tokens + num_new, self.block_size)
-            need -= len(seq.block_keys)
-            while need > self.kv.num_free and self.running[-1] is not seq:
-                self._preempt(self.running[-1], plan)
-            if need > self.kv.num_free:
-                self._preempt(seq, plan)
-                continue
+            need = -(-(seq.num_computed_tokens + num_new) // bs) - len(seq.block_keys)
             if need > 0:
-                self.kv.allocate(need)
+                while need > kv.num_free and running[-1] is not seq:
+                    self._preempt(running[-1], plan)
+                if need > kv.num_free:
+                    self._preempt(seq, plan)
+                    continue
+                kv.allocate(need)
                 seq.block_keys.extend([None] * need)
-            if seq.is_prefilling:
+            if is_prefilling:
                 plan.prefills.append((seq, num_new))
                 self._note_prompt_end(seq, num_new, plan)
             else:
@@ -203,19 +208,19 @@ class Engine:
     def max_decode_run_steps(self, plan: StepPlan) -> int:
         """Steps the pure-decode `plan` can repeat before a sequence finishes or KV runs out."""
         adv = self.num_tokens_per_decode_step
-        seqs = plan.decodes
-        remaining = np.array([s.num_output_tokens - s.num_generated_tokens for s in seqs])
-        computed = np.array([s.num_computed_tokens for s in seqs])
-        held = np.array([len(s.block_keys) for s in seqs])
-        num_steps = int((-(-remaining // adv)).min())
-        free = self.kv.num_free
+        bs, free = self.block_size, self.kv.num_free
+        rows = [(s.num_output_tokens - s.num_generated_tokens, s.num_computed_tokens,
+                 len(s.block_keys)) for s in plan.decodes]
+        num_steps = -(-min(r[0] for r in rows) // adv)
+        # Enough KV for the whole run (the usual case): no arrays needed.
+        if sum(max(0, -(-(c + min(num_steps * adv, r)) // bs) - h) for r, c, h in rows) <= free:
+            return num_steps
+        remaining, computed, held = np.array(rows).T
 
         def extra_blocks(k: int) -> int:
             total = computed + np.minimum(k * adv, remaining)
-            return int(np.maximum(0, -(-total // self.block_size) - held).sum())
+            return int(np.maximum(0, -(-total // bs) - held).sum())
 
-        if extra_blocks(num_steps) <= free:
-            return num_steps
         lo, hi = 1, num_steps  # extra_blocks(lo) == 0 <= free < extra_blocks(hi)
         while hi - lo > 1:
             mid = (lo + hi) // 2
@@ -236,18 +241,19 @@ class Engine:
                         seq.first_token_s = now
             if seq.is_finished:
                 finished.append(seq)
-        bs, adv = self.block_size, self.num_tokens_per_decode_step
+        bs, kv = self.block_size, self.kv
+        step = self.num_tokens_per_decode_step * num_steps
         for seq in plan.decodes:
-            emitted = min(adv * num_steps, seq.num_output_tokens - seq.num_generated_tokens)
-            seq.num_computed_tokens += emitted
-            seq.num_generated_tokens += emitted
-            need = _ceil_div(seq.num_computed_tokens, bs) - len(seq.block_keys)
+            emitted = min(step, seq.num_output_tokens - seq.num_generated_tokens)
+            computed = seq.num_computed_tokens = seq.num_computed_tokens + emitted
+            generated = seq.num_generated_tokens = seq.num_generated_tokens + emitted
+            need = -(-computed // bs) - len(seq.block_keys)
             if need > 0:
-                self.kv.allocate(need)
+                kv.allocate(need)
                 seq.block_keys.extend([None] * need)
             if seq.first_token_s < 0:
                 seq.first_token_s = now
-            if seq.is_finished:
+            if generated >= seq.num_output_tokens:  # Sequence.is_finished for a decoding one
                 finished.append(seq)
         for seq in finished:
             self._finish(seq, now)

@@ -3,7 +3,9 @@
 In fast mode a step holding only decodes is repeated as one run up to the next event that could
 change the batch (a sequence finishing, KV running out); a sequence submitted during a run cuts it
 at the first step boundary at or after its arrival, exactly where the step-by-step reference
-would first see it.
+would first see it. The cut is a second timer, not an interrupt: the run waits on an event that
+whichever timer is current triggers, and a superseded timer finds a newer `_run_id` and does
+nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import simpy
 
 from sim.engine import Engine
 from sim.sequence import Sequence
-from sim.step_pricer import StepPricer
+from sim.step_pricer import DecodeRun, StepPricer
 
 
 class SimulationError(RuntimeError):
@@ -48,7 +50,12 @@ class Replica:
         self.counter, self.on_sample = counter, on_sample
         self.busy_s = 0.0
         self._wakeup: simpy.Event | None = None
-        self._is_in_run = False
+        self._run: DecodeRun | None = None
+        """The decode run in progress that no arrival has cut yet."""
+        self._run_start_s = 0.0
+        self._run_steps = 0
+        self._run_id = 0
+        self._run_end: simpy.Event | None = None
         self.process = env.process(self._loop())
 
     def submit(self, seq: Sequence) -> None:
@@ -57,9 +64,8 @@ class Replica:
         self.engine.add(seq)
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
-        elif self._is_in_run:
-            self._is_in_run = False
-            self.process.interrupt()
+        elif self._run is not None:
+            self._cut_run()
 
     def _loop(self):
         env, engine = self.env, self.engine
@@ -94,15 +100,33 @@ class Replica:
         """Wait out a run of decode steps; return how many steps ran."""
         max_steps = self.engine.max_decode_run_steps(plan)
         run = self.pricer.decode_run(plan, max_steps)
-        self._is_in_run = max_steps > 1
-        try:
-            yield self.env.timeout(run.elapsed_s(max_steps))
-            self._is_in_run = False
-            return max_steps
-        except simpy.Interrupt:
-            num_steps = run.steps_to_reach(self.env.now - start, max_steps)
-            yield self.env.timeout(max(0.0, start + run.elapsed_s(num_steps) - self.env.now))
-            return num_steps
+        self._run = run if max_steps > 1 else None
+        self._run_start_s, self._run_steps = start, max_steps
+        self._run_end = self.env.event()
+        self._end_run_after(run.elapsed_s(max_steps))
+        yield self._run_end
+        self._run = self._run_end = None
+        return self._run_steps
+
+    def _end_run_after(self, delay_s: float) -> None:
+        """(Re)time the end of the current run; an earlier timer becomes stale."""
+        self._run_id += 1
+        run_id = self._run_id
+
+        def on_timer(_event) -> None:
+            if run_id == self._run_id:
+                self._run_end.succeed()
+
+        self.env.timeout(delay_s).callbacks.append(on_timer)
+
+    def _cut_run(self) -> None:
+        """A sequence arrived during the run: end it at the first step boundary from now."""
+        run, start, now = self._run, self._run_start_s, self.env.now
+        self._run = None  # later arrivals in this run change nothing
+        num_steps = run.steps_to_reach(now - start, self._run_steps)
+        if num_steps < self._run_steps:
+            self._run_steps = num_steps
+            self._end_run_after(max(0.0, start + run.elapsed_s(num_steps) - now))
 
 
 def _stuck_message(engine: Engine) -> str:
