@@ -123,7 +123,7 @@ def main() -> None:
     os.environ[CONFIG_ENV] = str(root / "plugin.json")
     reset_state()
     llm = create_llm(root / "model", max_num_seqs=32, max_num_batched_tokens=2048,
-                     max_model_len=1024, max_loras=8, max_cpu_loras=2 * max(args.adapters) + 8,
+                     max_model_len=512, max_loras=8, max_cpu_loras=2 * max(args.adapters) + 8,
                      enable_prefix_caching=False, disable_log_stats=False,
                      kv_cache_memory_bytes=512 << 20)
     vocab = 500
@@ -132,7 +132,7 @@ def main() -> None:
         for mix in args.mixes:
             rng = np.random.default_rng(0)
             work = punica_workload(rng, num_requests=args.num_requests, num_adapters=num_adapters,
-                                   popularity=mix, max_prompt_tokens=512,
+                                   popularity=mix, max_prompt_tokens=480,
                                    num_output_tokens=args.output_tokens)
             prompts = [rng.integers(3, vocab, int(n)).tolist() for n in work.turn_user_tokens]
             domains = work.turn_domain
@@ -155,7 +155,7 @@ def routing_rows(llm, root: Path, routed: list[Path], args, vocab: int) -> list[
     """In-engine routing vs a router outside the engine (one extra prefill per request)."""
     rng = np.random.default_rng(1)
     work = punica_workload(rng, num_requests=args.routing_requests, num_adapters=NUM_ROUTED,
-                           max_prompt_tokens=512, num_output_tokens=args.output_tokens)
+                           max_prompt_tokens=480, num_output_tokens=args.output_tokens)
     prompts = [rng.integers(3, vocab, int(n)).tolist() for n in work.turn_user_tokens]
     write_config(root, routed, router=True)
     rows = [dict(kind="route_in_engine", num_adapters=NUM_ROUTED, mix="router",

@@ -16,7 +16,10 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("smollm2")
     gguf_model, tokenizer = load_smollm2(torch.float32)
     # A GGUF-loaded model cannot be saved as is: copy its weights into a plain Llama.
-    plain = LlamaForCausalLM(gguf_model.config)
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):  # the GGUF origin, not a vLLM quantization
+        del config.quantization_config
+    plain = LlamaForCausalLM(config)
     plain.load_state_dict(gguf_model.state_dict())
     plain.to(torch.bfloat16).save_pretrained(root / "smollm2")
     del gguf_model, plain
