@@ -5,6 +5,9 @@ tokens, uniform mix over 8 adapters, all submitted at once, max batch 32) and a 
 conversation workload at 10k, 100k and 1M requests, each case in a fresh process so that its
 peak RSS is its own. Prints a table and writes out/bench/sim.json.
 
+Wall seconds depend on what else the machine runs; CPU seconds (process time of the one core the
+case runs on) are the steadier measure on a shared machine, and the table gives both.
+
     .venv/bin/python bench/bench_sim.py                 # 10k and 100k, fast path
     .venv/bin/python bench/bench_sim.py --sizes 1000000 # the 1M case
     .venv/bin/python bench/bench_sim.py --reference     # also the step-by-step reference (10k)
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import platform
 import resource
 import time
@@ -46,12 +50,13 @@ def _case(kind: str, num_requests: int, mode: str, queue) -> None:
     workload = _workload(kind, num_requests)
     config = small_config("multi_lora", mode=mode, max_num_seqs=32, max_loras=8,
                           num_adapters=8).model_copy(update={"check_invariants": False})
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     result = simulate(config, workload, timeseries_interval_s=10.0)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     queue.put(dict(workload=kind, mode=mode, num_requests=len(result.requests), wall_s=wall,
-                   requests_per_wall_s=len(result.requests) / wall,
+                   requests_per_wall_s=len(result.requests) / wall, cpu_s=cpu,
+                   requests_per_cpu_s=len(result.requests) / cpu,
                    engine_steps=result.stats["num_engine_steps"],
                    engine_events=result.stats["num_engine_events"],
                    peak_rss_gib=peak / 2**30,
@@ -84,15 +89,16 @@ def main() -> None:
         if args.reference:
             rows.append(run_case(kind, min(args.sizes), "reference"))
     header = f"{'workload':<14}{'mode':<10}{'requests':>10}{'wall s':>9}{'req/s':>10}" \
-             f"{'steps':>11}{'events':>9}{'peak GiB':>10}"
+             f"{'cpu s':>9}{'req/cpu-s':>10}{'steps':>11}{'events':>9}{'peak GiB':>10}"
     print(header)
     for r in rows:
         print(f"{r['workload']:<14}{r['mode']:<10}{r['num_requests']:>10}{r['wall_s']:>9.2f}"
-              f"{r['requests_per_wall_s']:>10.0f}{r['engine_steps']:>11}{r['engine_events']:>9}"
-              f"{r['peak_rss_gib']:>10.2f}")
+              f"{r['requests_per_wall_s']:>10.0f}{r['cpu_s']:>9.2f}{r['requests_per_cpu_s']:>10.0f}"
+              f"{r['engine_steps']:>11}{r['engine_events']:>9}{r['peak_rss_gib']:>10.2f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(dict(python=platform.python_version(),
-                                        machine=platform.machine(), rows=rows), indent=2))
+                                        machine=platform.machine(), load_average=os.getloadavg(),
+                                        cpu_count=os.cpu_count(), rows=rows), indent=2))
     print(f"wrote {args.out}")
 
 
