@@ -122,3 +122,35 @@ def test_replay_error_vanishes_once_the_window_has_moved_on(engine):
     err = (after - oracle.logits[:, 30:]).abs().amax(dim=(0, 2))  # [T]
     assert err[0] > 1e-4
     assert err[-1] < 1e-5
+
+
+@torch.no_grad()
+def test_replay_error_does_not_grow_with_context(engine):
+    """Replay-vs-oracle logit error at contexts 2W, 8W and 32W, paired by a shared tail.
+
+    Every history of a batch of 8 ends in the same 2W tokens and is followed by the same W
+    continuation tokens, so lengths differ only in the older context, which reaches the replayed
+    positions only through the shared global KV. The error is not zero (the replayed window lost
+    the target's local KV before it) and varies with what the indexer picks, so "no growth" is
+    tested statistically: the mean paired increase from 2W to the longer contexts must stay
+    within three standard errors (of the per-history differences), or 10% of the 2W error if that
+    is larger (identical errors would otherwise leave no slack). A replay whose error scaled with
+    the context (a stale or truncated global view, say) fails by a wide margin: 32W is 16x 2W.
+    """
+    num, tail, cont = 8, tokens(2 * W, seed=5, batch=8), tokens(W, seed=4, batch=8)
+    errors = {}
+    for n in (2 * W, 8 * W, 32 * W):
+        history = torch.cat([tokens(n - 2 * W, seed=6, batch=num), tail], dim=1)
+        after = _switched(engine, "attn", history, cont)
+        _, oracle = engine.oracle(torch.cat([history, cont], 1), "target")
+        errors[n] = (after - oracle.logits[:, n:]).abs().amax(dim=(1, 2))  # [num]
+        control = engine.new_state(num)
+        engine.prefill(control, history, "target", chunk_size=5)
+        ctrl = engine.feed_tokens(control, cont, "target").logits
+        assert (ctrl - oracle.logits[:, n:]).abs().max() < 1e-5  # incremental error is noise
+    shortest = errors[2 * W]
+    assert shortest.min() > 1e-4  # the switch does change the logits
+    for n in (8 * W, 32 * W):
+        diff = errors[n] - shortest  # [num], paired by history tail and continuation
+        tolerance = max(3 * diff.std().item() / num**0.5, 0.1 * shortest.mean().item())
+        assert diff.mean().item() <= tolerance, (n, errors[n].mean().item(), shortest.mean())
