@@ -198,6 +198,20 @@ def _make_apply_shrink(original):
     return _apply_shrink
 
 
+def _make_v2_warning(original):
+    warned = []
+
+    def make_lora_inputs(self, *args, **kwargs):
+        if not warned:
+            warned.append(True)
+            logger.warning("molcap plugin: vLLM's Model Runner V2 is serving LoRA; prefill-only "
+                           "adapters and in-engine routing are NOT applied there. Set "
+                           "VLLM_USE_V2_MODEL_RUNNER=0 to use the V1 runner the plugin patches.")
+        return original(self, *args, **kwargs)
+
+    return make_lora_inputs
+
+
 def install() -> None:
     """Patch vLLM's V1 runner, the CPU LoRA path and prefix-cache hashing (idempotent)."""
     from vllm.lora.punica_wrapper import punica_cpu
@@ -209,3 +223,8 @@ def install() -> None:
     _wrap(punica_cpu.PunicaWrapperCPU, "_apply_shrink", _make_apply_shrink)
     for module in (kv_cache_utils, block_pool):
         _wrap(module, "generate_block_hash_extra_keys", _make_extra_keys)
+    try:
+        from vllm.v1.worker.gpu import lora_utils
+    except ImportError:  # pragma: no cover - layout of another vLLM version
+        return
+    _wrap(lora_utils.LoraState, "make_lora_inputs", _make_v2_warning)
