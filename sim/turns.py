@@ -60,7 +60,9 @@ class Turn:
     num_reply_tokens: int
     is_switch: bool
     stage: int = ROUTE
+    """The step `_advance` takes next (ROUTE, ANSWER, SUMMARY, DONE)."""
     answer: Sequence | None = None
+    """The finished answer hop (its decode side when disaggregated)."""
 
 
 class TurnDriver:
