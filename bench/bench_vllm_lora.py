@@ -86,6 +86,9 @@ def run(llm, prompts, loras, output_tokens) -> dict:
 
     params = SamplingParams(max_tokens=output_tokens, temperature=0.0, ignore_eos=True,
                             detokenize=False)
+    # Untimed warm-up on the same mix: loads the adapters, builds the router after a config change.
+    llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts[:16]], params,
+                 lora_request=None if loras is None else loras[:16], use_tqdm=False)
     start = time.perf_counter()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
                         lora_request=loras, use_tqdm=False)

@@ -153,3 +153,25 @@ def test_metrics_endpoint_sums_the_counters(served):
     text = generate_latest(REGISTRY).decode()
     assert f'molcap_route_decisions_total{{kind="written"}} {float(totals["written"])}' in text
     assert "molcap_route_decisions_undelivered" in text
+
+
+def test_config_edit_is_picked_up_by_the_running_engine(served):
+    s = served
+    file = s["counters"].parent / "plugin.json"
+    original = file.read_text()
+    stat = file.stat()
+    config = json.loads(original)
+    config.pop("router")
+    prompt = prompt_ids(500, 26)
+    try:
+        file.write_text(json.dumps(config))
+        os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        before = sum_counters(s["counters"]).counts["written"]
+        out = generate(s["llm"], [prompt], [None], MAX_TOKENS)[0]
+        assert sum_counters(s["counters"]).counts["written"] == before  # router off: not routed
+        assert out == s["ref"].generate(prompt, None, max_new_tokens=MAX_TOKENS)
+    finally:
+        file.write_text(original)
+        os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2 * 10**9))
+    generate(s["llm"], [prompt], [None], 2)
+    assert sum_counters(s["counters"]).counts["written"] == before + 1  # router back on
