@@ -78,6 +78,8 @@ def _resolve_requests(runner, state, batch, lora_ids, num_computed, num_prompt, 
 
 
 def _make_set_active_loras(original):
+    del original  # replaced, not wrapped: it builds the unmasked mapping this one refines
+
     def set_active_loras(self, input_batch, num_scheduled_tokens, num_sampled_tokens=None,
                          mapping_type=None):
         from vllm.lora.layers import LoRAMappingType
