@@ -9,8 +9,12 @@ the loop and the cache, which is what MoL's switching variants need:
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import json
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,15 +39,66 @@ def smollm2_dir() -> Path:
     return Path(spec.origin).parent
 
 
-def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[nn.Module, object]:
-    """SmolLM2-135M-Instruct from its GGUF file, de-quantized, offline: (model, tokenizer)."""
+DEFAULT_HF_CACHE = Path(".cache/engine_ext/smollm2_hf")
+
+
+def _gguf_stamp(path: Path) -> dict[str, object]:
+    stat = path.stat()
+    return {"gguf": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _save_hf_copy(model: nn.Module, tokenizer: object, stamp: dict, cache_dir: Path) -> None:
+    """Write the de-quantized model in HF format, atomically (a concurrent writer may win)."""
+    from transformers import AutoModelForCausalLM
+
+    # A GGUF-loaded model refuses save_pretrained: copy its weights into a plain model.
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):  # records the GGUF origin only
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(model.state_dict())
+    cache_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=cache_dir.name + ".", dir=cache_dir.parent))
+    tmp.chmod(0o755)
+    try:
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "gguf_source.json").write_text(json.dumps(stamp) + "\n")
+        if cache_dir.exists():
+            shutil.rmtree(cache_dir, ignore_errors=True)
+        os.replace(tmp, cache_dir)
+    except OSError:
+        pass  # another process wrote the copy first; ours is not needed
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_smollm2(
+    dtype: torch.dtype = torch.float32, *, cache_dir: Path | None = DEFAULT_HF_CACHE
+) -> tuple[nn.Module, object]:
+    """SmolLM2-135M-Instruct from its GGUF file, de-quantized, offline: (model, tokenizer).
+
+    transformers parses the GGUF three times in pure Python (tokenizer, config, weights), about
+    30 s of a load on a small CPU, for 5 s of de-quantization. So the first load keeps a float32
+    copy in HF format in `cache_dir` (keyed by the GGUF's size and mtime) and later loads read
+    it in seconds; the tensors are the same. `cache_dir=None` always reads the GGUF.
+    """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = str(smollm2_dir())
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=dtype)
-    return model.eval(), tokenizer
+    folder = smollm2_dir()
+    stamp = _gguf_stamp(folder / SMOLLM2_GGUF)
+    source = None if cache_dir is None else cache_dir / "gguf_source.json"
+    if source is not None and source.exists() and json.loads(source.read_text()) == stamp:
+        tokenizer = AutoTokenizer.from_pretrained(str(cache_dir))
+        model = AutoModelForCausalLM.from_pretrained(str(cache_dir), dtype=dtype)
+        return model.eval(), tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=SMOLLM2_GGUF,
+                                                 dtype=torch.float32)
+    if cache_dir is not None:
+        _save_hf_copy(model, tokenizer, stamp, cache_dir)
+    return model.to(dtype).eval(), tokenizer
 
 
 def chat_prompt_ids(tokenizer: object, messages: list[dict[str, str]]) -> list[int]:
