@@ -94,11 +94,10 @@ def load_smollm2(
         model = AutoModelForCausalLM.from_pretrained(str(cache_dir), dtype=dtype)
         return model.eval(), tokenizer
     tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=SMOLLM2_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=SMOLLM2_GGUF,
-                                                 dtype=torch.float32)
-    if cache_dir is not None:
+    model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=SMOLLM2_GGUF, dtype=dtype)
+    if cache_dir is not None and dtype == torch.float32:  # the copy is the float32 tensors
         _save_hf_copy(model, tokenizer, stamp, cache_dir)
-    return model.to(dtype).eval(), tokenizer
+    return model.eval(), tokenizer
 
 
 def chat_prompt_ids(tokenizer: object, messages: list[dict[str, str]]) -> list[int]:
