@@ -53,7 +53,7 @@ def save_peft_adapter(weights: LoraWeights, directory: str | Path) -> Path:
     return out
 
 
-def _read_config(path: Path) -> LoraSpec:
+def read_adapter_config(path: Path) -> LoraSpec:
     try:
         raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
@@ -133,7 +133,7 @@ def load_peft_adapter(
     must agree.
     """
     root = Path(directory)
-    spec = _read_config(root / CONFIG_NAME)
+    spec = read_adapter_config(root / CONFIG_NAME)
     weights_path = root / WEIGHTS_NAME
     if spec.base_model and base_model and spec.base_model != base_model:
         raise AdapterLoadError(str(root / CONFIG_NAME), "base_model_name_or_path",

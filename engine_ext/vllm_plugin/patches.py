@@ -20,7 +20,7 @@ import logging
 import numpy as np
 
 from engine_ext.lora import LoraSpec
-from engine_ext.peft_io import CONFIG_NAME, _read_config
+from engine_ext.peft_io import CONFIG_NAME, read_adapter_config
 from engine_ext.vllm_plugin.mapping import step_lora_mapping
 from engine_ext.vllm_plugin.runtime import HASH_KEY, RoutePlan, StepState, get_state
 
@@ -119,7 +119,7 @@ def _check_above_route_layer(path: str, route_layer: int) -> None:
     """Routed adapters must sit only above layer k (the pooled state is then adapter-free)."""
     from pathlib import Path
 
-    spec: LoraSpec = _read_config(Path(path) / CONFIG_NAME)
+    spec: LoraSpec = read_adapter_config(Path(path) / CONFIG_NAME)
     if spec.layers is None or min(spec.layers) <= route_layer:
         raise ValueError(f"{path}: routed adapters must set layers_to_transform above route "
                          f"layer {route_layer}, got {spec.layers}")
