@@ -54,6 +54,7 @@ def save_peft_adapter(weights: LoraWeights, directory: str | Path) -> Path:
 
 
 def read_adapter_config(path: Path) -> LoraSpec:
+    """The LoraSpec of an adapter_config.json; AdapterLoadError names the file when it is bad."""
     try:
         raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
