@@ -39,5 +39,8 @@ class RecordTable:
     def to_frame(self) -> pd.DataFrame:
         """The rows as a DataFrame."""
         self._pack()
-        data = np.concatenate(self._chunks) if self._chunks else np.zeros(0, self._dtype)
+        chunks, self._chunks = self._chunks, []
+        data = np.concatenate(chunks) if chunks else np.zeros(0, self._dtype)
+        del chunks  # at a million rows, a third copy of the table would be the peak
+        self._chunks = [data]
         return pd.DataFrame({name: data[name] for name in self._names})

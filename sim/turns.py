@@ -99,6 +99,9 @@ class TurnDriver:
     def _end_turn(self, turn: Turn) -> None:
         conv, rec = turn.conv, turn.rec
         self.recorder.on_turn(rec, self.env.now)
+        # The answer points back at the turn (its owner): break the cycle, or with the cyclic
+        # collector paused for the run every finished turn would stay in memory.
+        turn.answer = None
         conv.num_context_tokens += turn.num_user_tokens + turn.num_reply_tokens
         conv.prev_adapter, conv.last_replica = turn.domain, turn.replica.index
         if conv.turn == conv.last_turn:
