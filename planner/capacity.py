@@ -23,7 +23,9 @@ from sim.phase_costs import decode_step, prefill_s
 from sim.specs import GpuSpec
 
 BOUND_SLACK = 1.25
-"""Bisection starts this far above the analytical bound (the bound ignores no overhead)."""
+"""Bisection starts this far above the analytical bound, which uses mean lengths and may
+underestimate; a replica that passes there is credited with that rate (conservative, never an
+unverified plan: the scaled-out deployment is always simulated at the target rate)."""
 
 
 @dataclass(frozen=True)
