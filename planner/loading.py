@@ -174,11 +174,24 @@ def _without_echoes(errors: list[dict]) -> list[dict]:
     return [e for e in errors if not (e["type"] == "too_short" and has_item_error(tuple(e["loc"])))]
 
 
+def anchor_paths(scenario: Scenario, folder: str | Path) -> Scenario:
+    """The scenario with its relative file paths (the trace) made absolute against `folder`,
+    the scenario file's own folder, so that it reads the same files from any working directory
+    and in any worker process."""
+    workload = scenario.workload
+    trace_path = getattr(workload, "path", None)
+    if trace_path is None or Path(trace_path).is_absolute():
+        return scenario
+    absolute = str((Path(folder) / trace_path).resolve())
+    return scenario.model_copy(
+        update={"workload": workload.model_copy(update={"path": absolute})})
+
+
 def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario file."""
+    """Read and validate a scenario file; its relative paths resolve against its folder."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise ScenarioError([f"{path}: cannot read: {err}"]) from None
-    return scenario_from_text(text, str(path))
+    return anchor_paths(scenario_from_text(text, str(path)), path.parent)

@@ -28,7 +28,7 @@ from sim.model_shapes import lora_weights_per_rank
 from sim.placement import adapter_placements
 from sim.simulate import SimResult, simulate
 from sim.specs import ModelArch
-from sim.traces import TRACES_DIR, servegen_popularity, trace_workload
+from sim.traces import servegen_popularity, trace_workload
 from sim.workloads import Workload, conversation_workload, punica_workload
 
 SHARED_KV_KINDS = ("contextual_mol", "mol2")
@@ -110,10 +110,9 @@ def create_workload(scenario: Scenario, num_domains: int, rng: np.random.Generat
         return conversation_workload(rng, num_domains=num_domains,
                                      **w.model_dump(exclude={"kind"}))
     assert isinstance(w, TraceWorkload)
-    path = Path(w.path)
+    path = Path(w.path)  # load_scenario makes a file's relative path absolute
     if not path.is_absolute():
-        near = (scenario_dir or Path.cwd()) / path
-        path = near if near.exists() else TRACES_DIR / path
+        path = (scenario_dir or Path.cwd()) / path
     c = w.columns
     weights = servegen_popularity(num_domains) if w.popularity == "servegen" else None
     return trace_workload(

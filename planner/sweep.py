@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from planner.base import FrozenModel
-from planner.loading import ScenarioError, parse_yaml, scenario_from_text
+from planner.loading import ScenarioError, anchor_paths, parse_yaml, scenario_from_text
 from planner.scenario import Scenario
 
 
@@ -160,5 +160,6 @@ def scenario_from_text_or_error(base_path: Path, spec_path: Path, index) -> dict
         raise ScenarioError([f"{spec_path}:{line}: scenario: cannot read {base_path}: "
                              f"{err.strerror}"]) from None
     scenario = scenario_from_text(text, str(base_path))  # located errors on the base itself
+    scenario = anchor_paths(scenario, base_path.parent)
     # Every default made explicit, so a sweep can set a field the base file leaves out.
     return scenario.model_dump(mode="json")

@@ -89,7 +89,8 @@ class TraceWorkload(FrozenModel):
     kind: Literal["trace"] = "trace"
     """Workload discriminator."""
     path: str = Field(min_length=1)
-    """Trace file; relative paths resolve against the scenario file, then ../shared/data/traces."""
+    """Trace file; a relative path resolves against the scenario file's folder (the repository
+    ships slices in data/traces)."""
     format: Literal["csv", "jsonl"] = "csv"
     """File format."""
     columns: TraceColumns = TraceColumns()

@@ -1,13 +1,16 @@
 """Real request traces as workloads: Azure (CSV), Mooncake (JSON lines with prefix-block hash
 ids), ServeGen per-client rates as adapter popularity. Bad files fail with FILE:LINE messages.
 
-Data files live in ../shared/data/traces beside the repository (see its README.md).
+The repository ships small slices of each trace in data/traces (see data/README.md). Point the
+environment variable MOLCAP_DATA_DIR at a folder laid out the same way (traces/<dataset>/...) to
+use the full upstream files instead.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 from datetime import datetime
 from pathlib import Path
 
@@ -15,8 +18,13 @@ import numpy as np
 
 from sim.workloads import Workload, popularity_domains, single_turn_workload
 
-DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA_DIR_ENV = "MOLCAP_DATA_DIR"
+"""Environment variable naming a data folder with the full traces (default: the repository's)."""
+REPO_DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+DATA_DIR = Path(os.environ.get(DATA_DIR_ENV) or REPO_DATA_DIR)
 TRACES_DIR = DATA_DIR / "traces"
+SERVEGEN_RATES = "client_rates.csv"
+"""The shipped ServeGen slice: one mean rate per client (data/cut_slices.py writes it)."""
 
 
 class TraceError(ValueError):
@@ -108,17 +116,33 @@ def trace_workload(rng: np.random.Generator, path: str | Path, *, num_domains: i
 
 
 def servegen_client_rates(folder: str | Path = TRACES_DIR / "servegen_m_small") -> np.ndarray:
-    """Mean request rate of each ServeGen client (chunk-<id>-trace.csv), ordered by id."""
+    """Mean request rate of each ServeGen client, ordered by id: from the full per-client series
+    (chunk-<id>-trace.csv) when the folder has them, else from the shipped client_rates.csv."""
     folder = Path(folder)
     files = sorted(folder.glob("chunk-*-trace.csv"), key=lambda p: int(p.stem.split("-")[1]))
+    if not files and (folder / SERVEGEN_RATES).is_file():
+        return _read_client_rates(folder / SERVEGEN_RATES)
     if not files:
-        raise TraceError(f"{folder}: no chunk-<id>-trace.csv files")
+        raise TraceError(f"{folder}: neither chunk-<id>-trace.csv files nor {SERVEGEN_RATES}")
     rates = []
     for file in files:
         data = np.genfromtxt(file, delimiter=",", usecols=(1,), invalid_raise=False)
         if data.size == 0 or np.isnan(data).all():
             raise TraceError(f"{file}:1: no readable rate_rps column")
         rates.append(float(np.nanmean(data)))
+    return np.array(rates)
+
+
+def _read_client_rates(path: Path) -> np.ndarray:
+    rates = []
+    with path.open(encoding="utf-8") as f:
+        for line_no, row in enumerate(csv.DictReader(f), start=2):
+            try:
+                rates.append(float(row["mean_rate_rps"]))
+            except (KeyError, TypeError, ValueError):
+                raise TraceError(f"{path}:{line_no}: mean_rate_rps is not a number") from None
+    if not rates:
+        raise TraceError(f"{path}: no rows")
     return np.array(rates)
 
 

@@ -587,11 +587,13 @@ def test_round_trip_through_yaml(tmp_path):
 
 def test_round_trip_with_custom_model(tmp_path):
     arch = get_model("qwen2.5-0.5b").model_dump()
+    trace = tmp_path / "azure.csv"
+    trace.write_text("timestamp,input_length,output_length\n0,10,2\n", encoding="utf-8")
     scenario = Scenario.model_validate({
         "model": {**arch, "name": "my-qwen"}, "hardware": {"gpu": "cpu"},
         "engine": {"max_num_seqs": 4, "max_num_batched_tokens": 512},
         "strategies": [{"kind": "multi_lora", "adapters": [{"name": "a"}]}],
-        "workload": {"kind": "trace", "path": "azure.csv", "rate_scale": 2.0},
+        "workload": {"kind": "trace", "path": str(trace), "rate_scale": 2.0},
     })
     path = tmp_path / "custom.yaml"
     path.write_text(yaml.safe_dump(scenario.model_dump(mode="json")))

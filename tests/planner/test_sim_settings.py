@@ -14,7 +14,7 @@ from planner.loading import ScenarioError, load_scenario, scenario_from_text
 from planner.simulation import create_workload, simulate_strategy, strategy_spec
 from planner.workloads import ConversationWorkload, TraceWorkload
 from sim.replica import SimulationError
-from sim.traces import servegen_popularity
+from sim.traces import TRACES_DIR, servegen_popularity
 
 BASE = """\
 name: settings
@@ -27,7 +27,7 @@ strategies:
       - {name: d, rank: 16}
 workload: {kind: punica, num_requests: 30, num_adapters: 4, num_output_tokens: 8}
 """
-AZURE = "azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+AZURE = str(TRACES_DIR / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv")
 AZURE_COLUMNS = ("columns: {arrival_time: TIMESTAMP, num_input_tokens: ContextTokens, "
                  "num_output_tokens: GeneratedTokens}")
 
