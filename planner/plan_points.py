@@ -15,6 +15,7 @@ import pandas as pd
 
 from planner.capacity import plan_strategy
 from planner.points import PointTask
+from planner.report import file_name
 from planner.scenario import Scenario
 from planner.search import Plan, Trial
 from planner.simulation import simulate_strategy
@@ -82,6 +83,6 @@ def scenario_tasks(scenario: Scenario, what: str) -> list[PointTask]:
     """One task per strategy; the key hashes the whole scenario, so an edit reruns it."""
     dump = scenario.model_dump(mode="json")
     digest = hashlib.sha1(json.dumps(dump, sort_keys=True).encode()).hexdigest()[:10]
-    return [PointTask(f"{what}-{i:02d}-{st.label}-{digest}",
+    return [PointTask(f"{what}-{i:02d}-{file_name(st.label)}-{digest}",
                       {"what": what, "scenario": dump, "index": i})
             for i, st in enumerate(scenario.strategies)]

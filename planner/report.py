@@ -5,10 +5,12 @@ Reports only format values they are given; nothing here computes a result.
 
 from __future__ import annotations
 
+import hashlib
 import html
 import importlib.metadata
 import os
 import platform
+import re
 import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -80,6 +82,23 @@ def render_html(title: str, subtitle: str, sections: list[ReportSection],
     return (f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title>"
             f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head>"
             f"<body>{''.join(parts)}</body></html>")
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.+-]+")
+_MAX_NAME_CHARS = 80
+
+
+def file_name(name: str) -> str:
+    """The one way a user-given name (scenario, strategy, sweep) becomes a file name: one plain
+    path component that cannot leave its folder. A name of letters, digits and `_.+-` (not
+    leading with `.` or `-`) is kept; any other is slugged (separators, `..`, control and
+    non-ASCII characters become `_`) and suffixed with a hash of the original, so two names
+    never share files."""
+    slug = _UNSAFE.sub("_", name).lstrip(".-~_")
+    if slug == name and len(name) <= _MAX_NAME_CHARS:
+        return name
+    digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{slug[:_MAX_NAME_CHARS] or 'unnamed'}-{digest}"
 
 
 def write_atomic(path: Path, data: bytes) -> None:

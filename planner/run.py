@@ -17,7 +17,14 @@ from planner.figures import (
 from planner.loading import load_scenario
 from planner.plan_points import plan_point, scenario_tasks, simulate_point
 from planner.points import PointStore, progress_counter, run_points
-from planner.report import ReportSection, render_html, timestamp, write_atomic, write_table
+from planner.report import (
+    ReportSection,
+    file_name,
+    render_html,
+    timestamp,
+    write_atomic,
+    write_table,
+)
 from planner.scenario import Scenario
 from sim import figures as sim_figures
 
@@ -151,7 +158,7 @@ def run_scenario_file(
     """
     path = Path(path)
     scenario = load_scenario(path)
-    out_dir = Path(out_root) / scenario.name
+    out_dir = Path(out_root) / file_name(scenario.name)
     comparisons = run_comparisons(scenario)
     tasks = scenario_tasks(scenario, "sim") + scenario_tasks(scenario, "plan")
     records = run_points(tasks, _run_point, PointStore(out_dir / "points"), backend=backend,

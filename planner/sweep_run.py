@@ -11,7 +11,14 @@ import plotly.express as px
 
 from planner.analysis import strategy_summary
 from planner.points import PointStore, PointTask, progress_counter, run_points
-from planner.report import ReportSection, render_html, timestamp, write_atomic, write_table
+from planner.report import (
+    ReportSection,
+    file_name,
+    render_html,
+    timestamp,
+    write_atomic,
+    write_table,
+)
 from planner.scenario import Scenario
 from planner.simulation import simulate_strategy
 from planner.sweep import SweepSpec, load_sweep
@@ -75,7 +82,7 @@ def run_sweep(
 ) -> SweepResult:
     """Run (or resume) a sweep; write points, the tidy table and the report under out/<name>/."""
     spec, points = load_sweep(spec_path)
-    out_dir = Path(out_root) / spec.name
+    out_dir = Path(out_root) / file_name(spec.name)
     tasks = [PointTask(key, {"params": params, "scenario": scenario, "evaluate": spec.evaluate})
              for key, params, scenario in points]
     records = run_points(tasks, evaluate_point, PointStore(out_dir / "points"), backend=backend,

@@ -1,0 +1,105 @@
+"""Nothing escapes --out: scenario, strategy and sweep names become file names only through
+`planner.report.file_name`, which slugs path separators, `..`, absolute paths and control
+characters; a run and a sweep with hostile names write only under the output folder and rerun."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from planner.loading import ScenarioError
+from planner.report import file_name
+from planner.run import run_scenario_file
+from planner.sweep_run import run_sweep
+
+TINY = """\
+name: tiny
+model: qwen2.5-0.5b
+hardware: {gpu: A100-80GB}
+strategies:
+  - kind: base
+  - kind: multi_lora
+    adapters: [{name: chat, rank: 8}, {name: code, rank: 8}]
+workload: {kind: punica, num_requests: 20, num_adapters: 2, num_output_tokens: 8,
+           arrival_rate_per_s: 2}
+search: {num_seeds: 1, max_turns_per_evaluation: 20}
+analysis: {context_tokens: [512], adapters_visited: [1], decode_tokens_per_turn: [16],
+           decision_every_tokens: [32], distinct_adapters: [1], decode_batch_size: 4}
+"""
+
+HOSTILE = ["../../x", "/etc/passwd", "a/../../b", "a\\..\\b", "..", ".", ".hidden", "x\x00y",
+           "x\ny", "\x1b[31mred", "a" * 400, "~/x", "C:\\x", "nul/", " ", "é/ü"]
+
+
+def write_tiny(folder: Path, name: str = "tiny", text: str = TINY) -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def files_under(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("name", HOSTILE, ids=repr)
+def test_file_name_keeps_every_name_one_plain_component(name, tmp_path):
+    slug = file_name(name)
+    assert slug and len(slug.encode()) <= 120
+    assert "/" not in slug and "\\" not in slug and not slug.startswith((".", "~", "-"))
+    assert all(ch.isprintable() and not ch.isspace() and ord(ch) < 128 for ch in slug)
+    assert (tmp_path / slug).resolve().parent == tmp_path.resolve()
+    assert file_name(name) == slug  # stable: a rerun finds the same files
+
+
+def test_file_name_keeps_plain_names_and_tells_slugged_ones_apart():
+    for plain in ("default", "sim_azure_preft", "mol2_in_engine", "p-1.5"):
+        assert file_name(plain) == plain
+    assert file_name("a/b") != file_name("a_b") != file_name("a\\b")
+
+
+def test_hostile_scenario_and_strategy_names_write_only_under_out(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "work" / "out"
+    work.mkdir()
+    text = TINY.replace("name: tiny", "name: ../../escaped").replace(
+        "  - kind: base", "  - kind: base\n    name: a/../../../strategy")
+    path = write_tiny(work, "hostile", text)
+    before = files_under(tmp_path)
+    first = run_scenario_file(path, out, backend="inline")
+    assert not first.errors
+    written = files_under(tmp_path) - before
+    assert written and all(p.resolve().is_relative_to(out.resolve()) for p in written)
+    points = {p.name for p in (out / file_name("../../escaped") / "points").iterdir()}
+    assert len(points) == 4
+    again = run_scenario_file(path, out, backend="inline")  # resumes from the same point files
+    assert not again.errors and files_under(tmp_path) - before == written
+
+
+def test_hostile_sweep_name_is_refused_with_its_line_before_writing(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "work" / "out"
+    work.mkdir()
+    write_tiny(work)
+    spec = work / "sweep.yaml"
+    spec.write_text("scenario: tiny.yaml\nname: ../../sweep_escaped\nparameters:\n"
+                    "  - {field: engine.max_num_seqs, values: [4, 8]}\n", encoding="utf-8")
+    before = files_under(tmp_path)
+    with pytest.raises(ScenarioError) as info:
+        run_sweep(spec, out, backend="inline")
+    assert info.value.messages[0].startswith(f"{spec}:2: name: ")
+    assert files_under(tmp_path) == before
+
+
+def test_a_sweep_named_dot_dot_stays_under_out(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "work" / "out"
+    work.mkdir()
+    write_tiny(work)
+    spec = work / "sweep.yaml"
+    spec.write_text("name: ..\nscenario: tiny.yaml\nparameters:\n"
+                    "  - {field: engine.max_num_seqs, values: [4]}\n", encoding="utf-8")
+    before = files_under(tmp_path)
+    result = run_sweep(spec, out, backend="inline")
+    assert not result.errors
+    written = files_under(tmp_path) - before
+    assert written and all(p.resolve().parent != out.resolve() for p in written)
+    assert all(p.resolve().is_relative_to(out.resolve()) for p in written)
