@@ -72,22 +72,23 @@ def switch_cost_s(scenario: Scenario, strategy, costing: StrategyCosting,
     chunk = scenario.engine.max_num_batched_tokens
     if strategy.kind == "base":
         return math.nan, "none (no adapters)"
-    if strategy.kind in ("contextual_mol", "mol2"):
-        return bounded_replay_s(c, p, num_context_tokens=num_context_tokens,
-                                window_tokens=costing.replay_window_tokens,
-                                first_decoder_layer=costing.first_decoder_layer,
-                                max_chunk_tokens=chunk), "bounded replay"
     if strategy.kind == "multi_agent":
         tokens = strategy.num_handover_tokens or num_context_tokens
         return prefill_s(c, p, tokens, max_chunk_tokens=chunk), "handover prefill (next model)"
-    handoff = prefill_s(c, p, num_context_tokens, max_chunk_tokens=chunk)
-    if strategy.kind == "mol":
-        summary = 0.0
-        if strategy.max_summary_tokens:  # the answering adapter writes a summary for later hops
-            summary = decode_run_s(c, p, num_tokens=strategy.max_summary_tokens,
-                                   num_context_tokens=num_context_tokens)
-        return handoff + summary, "handoff prefill + summary hop"
-    return handoff, "re-prefill"
+    if costing.kv_layout == "shared":  # adapters on the decoder side of a CED model
+        seconds = bounded_replay_s(
+            c, p, num_context_tokens=num_context_tokens, window_tokens=costing.replay_window_tokens,
+            first_decoder_layer=costing.first_decoder_layer, max_chunk_tokens=chunk)
+        mechanism = "bounded replay"
+    else:
+        seconds = prefill_s(c, p, num_context_tokens, max_chunk_tokens=chunk)
+        mechanism = "handoff prefill" if strategy.kind == "mol" else "re-prefill"
+    if strategy.kind == "mol" and strategy.max_summary_tokens:
+        # the answering adapter writes a summary for later hops
+        seconds += decode_run_s(c, p, num_tokens=strategy.max_summary_tokens,
+                                num_context_tokens=num_context_tokens)
+        mechanism += " + summary hop"
+    return seconds, mechanism
 
 
 def kv_per_conversation(scenario: Scenario) -> pd.DataFrame:
@@ -101,7 +102,7 @@ def kv_per_conversation(scenario: Scenario) -> pd.DataFrame:
             temporary = a.num_query_tokens + options  # the decision's global-KV branch
         for visited in a.adapters_visited:
             for ctx in a.context_tokens:
-                kv = conversation_kv(costing.arch, strategy.kind, ctx, visited,
+                kv = conversation_kv(costing.arch, costing.kv_layout, ctx, visited,
                                      scenario.engine.block_size, temporary)
                 rows.append(dict(_labels(strategy, costing), context_tokens=ctx,
                                  adapters_visited=visited,
@@ -247,7 +248,7 @@ def strategy_summary(scenario: Scenario) -> pd.DataFrame:
     for strategy, costing in _costings(scenario):
         switch, mechanism = switch_cost_s(scenario, strategy, costing, ctx)
         visited = max(1, _num_options(strategy))
-        kv = conversation_kv(costing.arch, strategy.kind, ctx, visited, e.block_size)
+        kv = conversation_kv(costing.arch, costing.kv_layout, ctx, visited, e.block_size)
         rows.append(dict(
             _labels(strategy, costing), gpu=costing.gpu.name,
             decision_s=decision_time_s(scenario, strategy, costing, ctx),

@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.scenario import Scenario
-from planner.strategies import SHARED_KV_KINDS
 from sim.cost_model import CostCoeffs, default_coeffs
 from sim.cost_profile import CostProfile, create_cost_profile
-from sim.placement import adapter_placements
+from sim.placement import KvLayout, adapter_placements, kv_layout
 from sim.specs import GpuSpec, ModelArch
 
 
@@ -25,6 +24,8 @@ class StrategyCosting:
     coeffs: CostCoeffs
     replay_window_tokens: int
     """Bounded replay length (the strategy's override, else the model's window; 0 if none)."""
+    kv_layout: KvLayout
+    """What the adapters' placement implies for KV (`sim.placement.kv_layout`)."""
 
     @property
     def first_decoder_layer(self) -> int:
@@ -51,11 +52,9 @@ def create_strategy_costing(
     gpu = gpu or scenario.hardware.gpu_spec
     tp = tensor_parallel_size or scenario.hardware.tensor_parallel_size
     kind = _adapter_kind(strategy)
-    shared_kv = strategy.kind in SHARED_KV_KINDS
-    placements: set[tuple[int, str]] = set()
-    for adapter in getattr(strategy, "adapters", ()) if kind != "none" else ():
-        placements |= set(adapter_placements(arch, adapter.layers, adapter.target_modules,
-                                             shared_kv=shared_kv))
+    every = [adapter_placements(arch, a.layers, a.target_modules)
+             for a in (getattr(strategy, "adapters", ()) if kind != "none" else ())]
+    placements = set().union(*every)
     profile = create_cost_profile(
         arch, gpu, tp, adapter_kind=kind, adapter_rank=scenario.engine.max_lora_rank,
         adapter_placements=sorted(placements),
@@ -63,4 +62,5 @@ def create_strategy_costing(
     )
     window = getattr(strategy, "replay_window_tokens", None) or profile.window_tokens
     return StrategyCosting(strategy.label, strategy.kind, arch, gpu, tp, profile,
-                           coeffs or default_coeffs(gpu), window)
+                           coeffs or default_coeffs(gpu), window,
+                           kv_layout(arch, strategy.kind, every))

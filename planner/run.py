@@ -36,14 +36,17 @@ _EXPLAIN = {
         "the paged KV pool that is left."),
     "kv_per_conversation": (
         "KV memory per conversation",
-        "KV one conversation holds as its context grows and it visits more adapters. MoL and "
-        "multi-agent keep one copy per adapter or model visited; CED strategies keep one shared "
-        "global KV plus one W-token window."),
+        "KV one conversation holds as its context grows and it visits more adapters. Where KV "
+        "depends on the adapter (a decoder-only model, or CED adapters that break the placement "
+        "rule) the prefix cache keeps one copy per adapter visited, as multi-agent keeps one per "
+        "model; adapters on the decoder side of a CED model share one global KV plus one "
+        "W-token window, whatever the strategy."),
     "switch_cost": (
         "Cost of one domain switch",
-        "One switch at a given context, priced alone on one replica: re-prefill under the new "
-        "adapter (multi-LoRA, PreFT), handoff prefill plus summary hop (MoL), handover prefill by "
-        "the next model (multi-agent), bounded replay of W tokens through the decoder (CED)."),
+        "One switch at a given context, priced alone on one replica: under per-adapter KV a "
+        "re-prefill under the new adapter (MoL's handoff, plus its summary hop), the handover "
+        "prefill by the next model (multi-agent), and under shared KV (decoder-side adapters on a "
+        "CED model, any strategy) a bounded replay of W tokens through the decoder."),
     "routing_vs_reply_length": (
         "Routing overhead vs reply length",
         "Share of a turn spent deciding the adapter, one decision per turn, as replies grow."),

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from planner.base import FrozenModel
-from planner.strategies import SHARED_KV_KINDS, StrategyConfig
+from planner.strategies import CED_KINDS, StrategyConfig
 from planner.workloads import ConversationWorkload, PunicaWorkload, WorkloadConfig
 from sim.catalogue import GPUS, MODELS
 from sim.memory_model import MemoryBreakdown, memory_breakdown
@@ -291,8 +291,8 @@ def _strategy_problems(s: Scenario) -> list[str]:
             continue  # reported by _catalogue_problems
         arch = s.strategy_arch(i)
         where = f"strategies.{i}"
-        shared_kv = strategy.kind in SHARED_KV_KINDS
-        if shared_kv and not arch.is_ced:
+        needs_ced = strategy.kind in CED_KINDS
+        if needs_ced and not arch.is_ced:
             out.append(f"{where}.kind: {strategy.kind!r} needs a causal encoder-decoder model; "
                        f"{arch.name!r} is decoder-only (CED models: "
                        f"{sorted(n for n, m in MODELS.items() if m.is_ced)})")
@@ -305,7 +305,7 @@ def _strategy_problems(s: Scenario) -> list[str]:
             if bad_layers:
                 out.append(f"{at}.layers: {bad_layers} not in 0..{arch.num_layers - 1} "
                            f"of {arch.name!r}")
-            elif shared_kv and arch.is_ced and not strategy.allow_kv_breaking_placement:
+            elif needs_ced and arch.is_ced and not strategy.allow_kv_breaking_placement:
                 bad = placement_violations(arch, adapter.layers, adapter.target_modules)
                 if bad:
                     out.append(_placement_message(at, strategy.kind, arch, bad))

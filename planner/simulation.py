@@ -25,35 +25,31 @@ from sim.config import (
 from sim.cost_model import default_coeffs
 from sim.memory_model import LORA_DTYPE_BYTES
 from sim.model_shapes import lora_weights_per_rank
-from sim.placement import adapter_placements
+from sim.placement import adapter_placements, kv_layout
 from sim.simulate import SimResult, simulate
 from sim.specs import ModelArch
 from sim.traces import servegen_popularity, trace_workload
 from sim.workloads import Workload, conversation_workload, punica_workload
 
-SHARED_KV_KINDS = ("contextual_mol", "mol2")
-
-
 def _adapter_numbers(strategy, arch: ModelArch, tp: int) -> dict:
-    """Adapter arithmetic, placements and per-GPU load bytes of a strategy's adapters."""
+    """Adapter arithmetic, placements, per-GPU load bytes and the KV layout they imply."""
     adapters = getattr(strategy, "adapters", ())
     if strategy.kind in ("base", "multi_agent") or not adapters:
-        return dict(adapter_kind="none", adapters=tuple(
-            AdapterSpec(name=a.name, num_bytes_per_gpu=0.0) for a in adapters))
+        return dict(adapter_kind="none", kv_layout=kv_layout(arch, strategy.kind, []),
+                    adapters=tuple(AdapterSpec(name=a.name, num_bytes_per_gpu=0.0)
+                                   for a in adapters))
     is_direft = strategy.kind == "preft" and strategy.variant == "direft_p"
-    shared = strategy.kind in SHARED_KV_KINDS
-    first = adapters[0]
-    placements = adapter_placements(arch, first.layers, first.target_modules, shared)
+    every = [adapter_placements(arch, a.layers, a.target_modules) for a in adapters]
     specs = []
-    for a in adapters:
-        pairs = adapter_placements(arch, a.layers, a.target_modules, shared)
+    for a, pairs in zip(adapters, every, strict=True):
         per_rank = (2 * arch.hidden_size * len({layer for layer, _ in pairs}) if is_direft
                     else lora_weights_per_rank(arch, pairs))
         specs.append(AdapterSpec(name=a.name,
                                  num_bytes_per_gpu=a.rank * per_rank * LORA_DTYPE_BYTES / tp))
     return dict(adapter_kind="direft" if is_direft else "lora", adapters=tuple(specs),
                 adapter_rank=max(a.rank for a in adapters),
-                adapter_placements=tuple(placements))
+                adapter_placements=tuple(every[0]),
+                kv_layout=kv_layout(arch, strategy.kind, every))
 
 
 def strategy_spec(scenario: Scenario, index: int) -> StrategySpec:
@@ -71,8 +67,8 @@ def strategy_spec(scenario: Scenario, index: int) -> StrategySpec:
                       num_route_prompt_tokens=st.num_route_prompt_tokens,
                       num_route_decode_tokens=st.num_route_decode_tokens,
                       max_summary_tokens=st.max_summary_tokens)
-    if st.kind in SHARED_KV_KINDS:
-        fields["replay_window_tokens"] = (st.replay_window_tokens
+    if fields["kv_layout"] == "shared":
+        fields["replay_window_tokens"] = (getattr(st, "replay_window_tokens", None)
                                           or arch.ced.sliding_window_tokens)
     if st.kind == "contextual_mol":
         fields.update(num_option_description_tokens=st.num_option_description_tokens,

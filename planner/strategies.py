@@ -9,8 +9,10 @@ from pydantic import Field, model_validator
 from planner.base import FrozenModel
 from sim.specs import LoraModule
 
-SHARED_KV_KINDS = ("contextual_mol", "mol2")
-"""Strategies that keep one shared KV copy and therefore restrict where LoRA may sit."""
+CED_KINDS = ("contextual_mol", "mol2")
+"""Strategies that need a CED model (their router reads the encoder's layer-19 state) and so
+reject LoRA placements that break the shared KV unless asked. Whether any strategy shares KV is
+decided by where its adapters sit (`sim.placement.kv_layout`), not by this list."""
 
 
 class AdapterConfig(FrozenModel):
@@ -23,8 +25,10 @@ class AdapterConfig(FrozenModel):
     target_modules: tuple[LoraModule, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     """Linear modules that carry the adapter (PEFT names)."""
     layers: tuple[int, ...] | None = None
-    """Layers that carry the adapter; None: every layer, or on a shared-KV strategy every layer the
-    placement rule allows (layer-20 FFN and layers 21-39 on the CED model)."""
+    """Layers that carry the adapter; None: every layer of a decoder-only model, or on a CED model
+    every layer the placement rule allows (layer-20 FFN and layers 21-39), whatever the strategy,
+    so the KV is shared and a switch is a bounded replay. Explicit layers that break the rule give
+    per-adapter KV and a re-prefill on a switch."""
 
 
 CONTEXTUAL_HEAD_PARAMS = 2 * 5120 * 1024
@@ -60,7 +64,8 @@ class _SharedKvStrategy(_AdapterStrategy):
     replay_window_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     """Bounded replay length on a switch; None uses the model's sliding window."""
     allow_kv_breaking_placement: bool = False
-    """Allow LoRA on the encoder or layer-20 attention (experiments only: breaks KV sharing)."""
+    """Allow LoRA on the encoder or layer-20 attention (experiments only: the KV becomes
+    per-adapter and a switch re-prefills the context)."""
 
 
 class BaseStrategy(_StrategyBase):

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sim.cost_model import CostCoeffs
+from sim.placement import KvLayout
 from sim.specs import GpuSpec, ModelArch
 
 StrategyKind = Literal[
@@ -84,6 +85,9 @@ class StrategySpec(_Frozen):
     """Which mechanism serves a turn."""
     label: str = ""
     """Name in reports."""
+    kv_layout: KvLayout
+    """Shared KV with bounded replay, per-adapter KV with re-prefill, one copy, or one model per
+    domain: decided by where the adapters sit (`sim.placement.kv_layout`), never by `kind`."""
     adapters: tuple[AdapterSpec, ...] = ()
     """Domain adapters; workload domain d uses adapter d mod len(adapters)."""
     adapter_kind: Literal["lora", "direft", "none"] = "none"
@@ -177,3 +181,10 @@ class SimConfig(_Frozen):
     """fast: decode runs skip to the next event; reference: one event per engine step."""
     check_invariants: bool = False
     """Check KV accounting after every step (tests)."""
+
+    @model_validator(mode="after")
+    def _layout_fits_model(self) -> SimConfig:
+        if self.strategy.kv_layout == "shared" and self.arch.ced is None:
+            raise ValueError(f"strategy.kv_layout='shared' needs a causal encoder-decoder model; "
+                             f"{self.arch.name!r} is decoder-only")
+        return self

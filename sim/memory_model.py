@@ -16,8 +16,6 @@ from sim.specs import LORA_MODULES, GpuSpec, ModelArch
 LORA_DTYPE_BYTES = 2
 """LoRA weights are kept in bf16 even when the base is fp8 (vLLM's default lora_dtype)."""
 
-PER_ADAPTER_KV_KINDS = ("mol", "multi_agent")
-SHARED_KV_KINDS = ("contextual_mol", "mol2")
 
 
 def weight_bytes_per_gpu(arch: ModelArch, tensor_parallel_size: int) -> float:
@@ -137,20 +135,21 @@ class ConversationKv:
 
 
 def conversation_kv(
-    arch: ModelArch, strategy_kind: str, num_context_tokens: int, num_adapters_visited: int,
+    arch: ModelArch, kv_layout: str, num_context_tokens: int, num_adapters_visited: int,
     block_size: int, num_temporary_tokens: int = 0,
 ) -> ConversationKv:
-    """KV of one conversation under a strategy (whole model, before TP replication).
+    """KV of one conversation under a KV layout (whole model, before TP replication).
 
-    MoL and multi-agent keep one full copy per adapter (or model) visited, as per-adapter prefix
-    caches retain them; CED strategies keep one shared global KV plus one rebuilt W-token window;
-    contextual MoL also holds a temporary global-KV branch over its options while deciding.
+    per_adapter and per_model keep one full copy per adapter (or model) visited, as the prefix
+    cache keyed by adapter (or each agent's own engine) retains them; shared keeps one global KV
+    plus one rebuilt W-token window whatever the adapters visited; one_copy (no adapter) keeps
+    one. A temporary routing branch (contextual MoL's options) adds to any layout.
     """
     num_blocks = math.ceil(num_context_tokens / block_size)
     one_copy = num_blocks * block_size * kv_bytes_per_token(arch)
-    if strategy_kind in SHARED_KV_KINDS:
-        temp = num_temporary_tokens * kv_bytes_per_token(arch)
-        return ConversationKv(one_copy, 0.0, window_state_bytes_per_seq(arch), temp)
-    if strategy_kind in PER_ADAPTER_KV_KINDS:
-        return ConversationKv(0.0, one_copy * max(num_adapters_visited, 1), 0.0, 0.0)
-    return ConversationKv(one_copy, 0.0, window_state_bytes_per_seq(arch), 0.0)
+    window = window_state_bytes_per_seq(arch)
+    temp = num_temporary_tokens * kv_bytes_per_token(arch)
+    if kv_layout in ("per_adapter", "per_model"):
+        copies = max(num_adapters_visited, 1)
+        return ConversationKv(0.0, (one_copy + window) * copies, 0.0, temp)
+    return ConversationKv(one_copy, 0.0, window, temp)

@@ -7,6 +7,8 @@ indexer keys (layer 20 on the reference model). Its FFN and the later decoder la
 
 from __future__ import annotations
 
+from typing import Literal
+
 from sim.specs import ModelArch
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -43,15 +45,17 @@ def placement_violations(
 
 
 def adapter_placements(
-    arch: ModelArch, layers: tuple[int, ...] | None, modules: tuple[str, ...], shared_kv: bool
+    arch: ModelArch, layers: tuple[int, ...] | None, modules: tuple[str, ...]
 ) -> list[tuple[int, str]]:
     """(layer, module) pairs an adapter wraps.
 
-    layers=None means every layer, or under a shared KV every (layer, module) the rule allows.
+    layers=None means every layer of a decoder-only model, and on a CED model every
+    (layer, module) the placement rule allows, whatever the strategy: CED adapters are trained
+    on the decoder side so that they share the KV.
     """
     chosen = range(arch.num_layers) if layers is None else layers
     pairs = [(layer, module) for layer in chosen for module in modules]
-    if shared_kv and layers is None:
+    if layers is None:
         pairs = [(la, m) for la, m in pairs if is_allowed_under_shared_kv(arch, la, m)]
     return pairs
 
@@ -59,3 +63,28 @@ def adapter_placements(
 def layers_out_of_range(arch: ModelArch, layers: tuple[int, ...] | None) -> list[int]:
     """Layer indices that the model does not have."""
     return [] if layers is None else [x for x in layers if not 0 <= x < arch.num_layers]
+
+
+KvLayout = Literal["one_copy", "shared", "per_adapter", "per_model"]
+"""How a conversation's KV relates to its adapters.
+
+one_copy: no adapter touches KV (the base model). shared: a CED model whose adapters all obey
+the placement rule: one encoder state and global KV for every adapter, and a switch replays the
+last W positions through the decoder. per_adapter: KV depends on the adapter (a decoder-only
+model, or CED adapters that break the rule): a switch re-prefills under the target unless that
+adapter's prefix cache still holds the context. per_model: one full model per domain."""
+
+
+def kv_layout(arch: ModelArch, kind: str, placements: list[list[tuple[int, str]]]) -> KvLayout:
+    """The KV layout a strategy's adapters imply, from where they sit (not from its name).
+
+    `placements` holds each adapter's (layer, module) pairs, already resolved.
+    """
+    if kind == "multi_agent":
+        return "per_model"
+    if not any(placements):
+        return "one_copy"
+    if arch.ced is not None and all(is_allowed_under_shared_kv(arch, layer, module)
+                                    for pairs in placements for layer, module in pairs):
+        return "shared"
+    return "per_adapter"

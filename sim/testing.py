@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sim.catalogue import get_gpu, get_model
 from sim.config import AdapterSpec, ClusterSpec, EngineLimits, SimConfig, StrategySpec
-from sim.placement import adapter_placements
+from sim.placement import adapter_placements, kv_layout
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -15,12 +15,13 @@ def strategy_for(kind: str, model: str, num_adapters: int = 4, **fields) -> Stra
     if kind in ("base", "multi_agent"):
         adapters = tuple(AdapterSpec(name=f"d{i}", num_bytes_per_gpu=0.0)
                          for i in range(num_adapters if kind == "multi_agent" else 0))
-        return StrategySpec(kind=kind, label=kind, adapters=adapters, **fields)
-    shared = kind in ("contextual_mol", "mol2")
-    placements = adapter_placements(arch, None, ATTENTION_MODULES, shared)
+        layout = kv_layout(arch, kind, [])
+        return StrategySpec(kind=kind, label=kind, kv_layout=layout, adapters=adapters, **fields)
+    placements = adapter_placements(arch, None, ATTENTION_MODULES)
     defaults = dict(adapter_kind="lora", adapter_rank=16, adapter_placements=tuple(placements),
-                    is_decode_adapted=kind != "preft")
-    if shared:
+                    is_decode_adapted=kind != "preft",
+                    kv_layout=kv_layout(arch, kind, [placements] * num_adapters))
+    if arch.ced is not None:
         defaults.update(replay_window_tokens=arch.ced.sliding_window_tokens,
                         num_head_params=15_250_000 if kind == "mol2" else 0)
     adapters = tuple(AdapterSpec(name=f"d{i}", num_bytes_per_gpu=2e6)

@@ -2,9 +2,11 @@
 on a replica.
 
 A turn's hops (route, answer, summary, routing prefill) run one after another on the replica the
-router chose for the turn. The strategy decides each hop's adapter, KV namespace (the adapter
-where KV depends on it, shared otherwise), prompt, layers and replay; the engine then charges
-whatever the prefix cache does not already hold. Nothing here computes a cost.
+router chose for the turn. The strategy decides each hop's adapter, prompt and layers; where its
+adapters sit (`StrategySpec.kv_layout`) decides the KV namespace (the adapter where KV depends
+on it, shared otherwise) and whether a hop under another adapter than the one whose local KV
+fills the conversation's window replays that window. The engine then charges whatever the
+prefix cache does not already hold. Nothing here computes a cost.
 
 One arrival process starts conversations; a turn is a small state record advanced by callbacks
 on SimPy events (a hop's completion, a think or decision time), not a process of its own, so a
@@ -25,8 +27,6 @@ from sim.sequence import PRIVATE_STREAM, Sequence
 from sim.workloads import Workload
 
 SHARED_NAMESPACE = -1
-ADAPTER_KV_KINDS = ("multi_lora", "preft", "mol")
-NO_LORA_KINDS = ("base", "multi_agent")
 ROUTING_KINDS = ("mol", "contextual_mol", "mol2")
 ROUTE, ANSWER, SUMMARY, DONE = range(4)
 
@@ -44,6 +44,9 @@ class ConversationState:
     turn: int = -1
     """Index of the current turn."""
     prev_adapter: int | None = None
+    """Domain (adapter or agent) that answered the previous turn."""
+    window_adapter: int | None = None
+    """Adapter whose local KV fills the window (shared KV layout); None before the first hop."""
     last_replica: int | None = None
 
 
@@ -113,9 +116,27 @@ class TurnDriver:
             self._start_turn(conv)
 
     def _adapter_of(self, domain: int) -> int:
-        if self.strategy.kind in NO_LORA_KINDS:
+        if self.strategy.adapter_kind == "none":
             return -1
         return domain % self.strategy.num_domains
+
+    def _namespace(self, adapter: int) -> int:
+        """Prefix-cache namespace of a hop under `adapter`."""
+        return adapter if self.strategy.kv_layout == "per_adapter" else SHARED_NAMESPACE
+
+    def _window_fields(self, t: Turn, adapter: int, *, keeps_window: bool = True) -> dict:
+        """Bounded replay of a hop under `adapter` when the window holds another adapter's KV
+        (shared KV layout only); `keeps_window`: the hop's local KV stays (not rolled back)."""
+        conv = t.conv
+        if self.strategy.kv_layout != "shared" or adapter < 0:
+            return {}
+        holder = conv.window_adapter
+        if keeps_window:
+            conv.window_adapter = adapter
+        if holder is None or holder == adapter:
+            return {}
+        return dict(num_replay_tokens=self.strategy.replay_window_tokens,
+                    num_replay_context_tokens=conv.num_context_tokens)
 
     def _start_turn(self, conv: ConversationState) -> None:
         """The conversation's next turn arrives now: pick its replica and run its first hop."""
@@ -152,7 +173,7 @@ class TurnDriver:
             if s.kind == "mol" and t.domain != s.router_adapter_index and s.max_summary_tokens:
                 num_prompt = t.answer.num_prompt_tokens + t.num_reply_tokens
                 self._run(t, dict(
-                    hop="summary", adapter=t.adapter, kv_namespace=t.adapter,
+                    hop="summary", adapter=t.adapter, kv_namespace=self._namespace(t.adapter),
                     num_prompt_tokens=num_prompt, num_output_tokens=s.max_summary_tokens,
                     stream_id=t.conv.conv_id, num_stream_prompt_tokens=num_prompt))
                 return
@@ -161,7 +182,7 @@ class TurnDriver:
     def _answer_fields(self, t: Turn) -> dict:
         s, wl, conv = self.strategy, self.workload, t.conv
         num_prompt = conv.num_context_tokens + t.num_user_tokens
-        namespace = t.adapter if s.kind in ADAPTER_KV_KINDS else SHARED_NAMESPACE
+        namespace = self._namespace(t.adapter)
         # A one-turn conversation's prompt is never seen again: keep it out of the cache.
         stream = conv.conv_id if self._is_multi_turn else PRIVATE_STREAM
         fields = dict(hop="answer", adapter=t.adapter, kv_namespace=namespace,
@@ -176,9 +197,7 @@ class TurnDriver:
             fields.update(num_prompt_tokens=handover + t.num_user_tokens,
                           stream_id=PRIVATE_STREAM, num_stream_prompt_tokens=0,
                           is_output_in_stream=False)
-        if s.kind in ("contextual_mol", "mol2") and t.is_switch:
-            fields.update(num_replay_tokens=s.replay_window_tokens,
-                          num_replay_context_tokens=conv.num_context_tokens)
+        fields.update(self._window_fields(t, t.adapter))
         if s.kind == "mol2" and s.routing == "in_engine" and s.measured_decision_time_s is None:
             fields.update(num_routing_decisions=1)
         return fields
@@ -194,11 +213,13 @@ class TurnDriver:
             self._after(s.measured_decision_time_s, self._advance, t)
         elif s.kind == "mol":
             router = s.router_adapter_index
+            # The route KV and L0's window are rolled back after the decision.
             self._run(t, dict(
-                hop="route", adapter=router, kv_namespace=router,
+                hop="route", adapter=router, kv_namespace=self._namespace(router),
                 num_prompt_tokens=num_prompt + s.num_route_prompt_tokens,
                 num_output_tokens=s.num_route_decode_tokens, stream_id=conv.conv_id,
-                num_stream_prompt_tokens=num_prompt))
+                num_stream_prompt_tokens=num_prompt,
+                **self._window_fields(t, router, keeps_window=False)))
         elif s.kind == "contextual_mol":
             options = s.num_domains * s.num_option_description_tokens
             self._run(t, dict(

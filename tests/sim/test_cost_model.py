@@ -367,7 +367,7 @@ def test_ced40_replay_is_bounded_while_reprefill_grows_with_context():
     # tokens = 8192 tokens) replay grows only through the indexer scan; re-prefilling the
     # context grows with it (the O(128) vs O(|P|) contrast of the CED write-up).
     arch, gpu = get_model("ced-40"), get_gpu("H20")
-    placements = adapter_placements(arch, None, ("q_proj", "v_proj"), shared_kv=True)
+    placements = adapter_placements(arch, None, ("q_proj", "v_proj"))
     profile = create_cost_profile(arch, gpu, 8, adapter_kind="lora", adapter_rank=16,
                                   adapter_placements=placements)
     coeffs = default_coeffs(gpu)

@@ -155,38 +155,59 @@ def test_model_that_does_not_fit_has_no_blocks():
 # Unit model, context 100 tokens in blocks of 16: ceil(100/16) = 7 blocks = 112 tokens * 32 bytes
 # = 3584 bytes per copy.
 
-@pytest.mark.parametrize("kind", ["mol", "multi_agent"])
+@pytest.mark.parametrize("layout", ["per_adapter", "per_model"])
 @pytest.mark.parametrize("visited", [1, 2, 5])
-def test_mol_keeps_one_copy_per_adapter_visited(kind, visited):
-    kv = conversation_kv(ARCH, kind, 100, visited, block_size=16)
+def test_per_adapter_kv_keeps_one_copy_per_adapter_visited(layout, visited):
+    kv = conversation_kv(ARCH, layout, 100, visited, block_size=16)
     assert kv.per_adapter_bytes == 3584 * visited
     assert kv.total_bytes == 3584 * visited
 
 
-@pytest.mark.parametrize("kind", ["base", "multi_lora", "preft"])
-def test_single_adapter_strategies_keep_one_copy(kind):
+def test_no_adapter_keeps_one_copy():
     for visited in (1, 4):
-        assert conversation_kv(ARCH, kind, 100, visited, block_size=16).total_bytes == 3584
+        assert conversation_kv(ARCH, "one_copy", 100, visited, block_size=16).total_bytes == 3584
 
 
-@pytest.mark.parametrize("kind", ["contextual_mol", "mol2"])
-def test_ced_strategies_keep_one_shared_copy_plus_window(kind):
+def test_shared_kv_keeps_one_shared_copy_plus_window():
     # Unit CED: 112 tokens * 15 bytes = 1680 shared, window 256, whatever the adapters visited.
     for visited in (1, 3, 8):
-        kv = conversation_kv(CED_ARCH, kind, 100, visited, block_size=16)
+        kv = conversation_kv(CED_ARCH, "shared", 100, visited, block_size=16)
         assert (kv.shared_bytes, kv.per_adapter_bytes, kv.window_bytes) == (1680, 0, 256)
         assert kv.total_bytes == 1936
 
 
+def test_ced_adapters_that_break_the_rule_keep_a_copy_and_window_per_adapter():
+    kv = conversation_kv(CED_ARCH, "per_adapter", 100, 3, block_size=16)
+    assert (kv.shared_bytes, kv.per_adapter_bytes, kv.window_bytes) == (0, 3 * 1936, 0)
+
+
 def test_contextual_mol_holds_a_temporary_branch_while_routing():
     # 40 option-description tokens of temporary global KV: 40 * 15 = 600 bytes on top.
-    kv = conversation_kv(CED_ARCH, "contextual_mol", 100, 2, block_size=16,
-                         num_temporary_tokens=40)
+    kv = conversation_kv(CED_ARCH, "shared", 100, 2, block_size=16, num_temporary_tokens=40)
     assert kv.temporary_bytes == 600
     assert kv.total_bytes == 1936 + 600
 
 
 def test_llama_8b_mol_conversation_by_hand():
     # 4096 tokens (256 blocks of 16) * 131072 bytes = 512 MiB per copy; 3 adapters -> 1.5 GiB.
-    kv = conversation_kv(get_model("llama-3.1-8b"), "mol", 4096, 3, block_size=16)
+    kv = conversation_kv(get_model("llama-3.1-8b"), "per_adapter", 4096, 3, block_size=16)
     assert kv.total_bytes == 3 * 512 * 2**20
+
+
+# ---- KV layout follows where the adapters sit ---------------------------------------------
+
+def test_kv_layout_follows_placement_not_strategy_kind():
+    from sim.placement import adapter_placements, kv_layout
+    ced, llama = get_model("ced-40"), get_model("llama-3.1-8b")
+    decoder_side = adapter_placements(ced, None, ("q_proj", "v_proj"))
+    on_encoder = adapter_placements(ced, (5, 30), ("q_proj",))
+    on_layer20_attention = adapter_placements(ced, (20,), ("o_proj",))
+    on_layer20_ffn = adapter_placements(ced, (20,), ("down_proj",))
+    for kind in ("multi_lora", "preft", "mol", "mol2", "contextual_mol"):
+        assert kv_layout(ced, kind, [decoder_side, on_layer20_ffn]) == "shared"
+        assert kv_layout(ced, kind, [decoder_side, on_encoder]) == "per_adapter"
+        assert kv_layout(ced, kind, [on_layer20_attention]) == "per_adapter"
+        assert kv_layout(llama, kind, [adapter_placements(llama, None, ("q_proj",))]) \
+            == "per_adapter"
+    assert kv_layout(ced, "multi_agent", []) == "per_model"
+    assert kv_layout(llama, "base", []) == "one_copy"

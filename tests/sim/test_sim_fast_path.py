@@ -124,3 +124,13 @@ def test_interrupted_run_search_agrees_with_bisection(monkeypatch, adv):
     assert found == [1, 2, 57, 199, 200, 1, 2, 100]
     for t, k in zip(times, found, strict=True):
         assert ends[k - 1] < t <= ends[k]
+
+
+@pytest.mark.parametrize("kind", ("multi_lora", "mol", "preft"))
+def test_fast_equals_reference_under_shared_kv_on_ced(kind):
+    # Decoder-side adapters on the CED model: shared KV and bounded replays for any strategy.
+    config = small_config(kind, model="ced-40", max_num_seqs=8)
+    assert config.strategy.kv_layout == "shared"
+    ref, fast = both_modes(config, conversations(5))
+    assert ref.requests["num_replay_tokens"].sum() > 0
+    assert_same_requests(ref, fast)

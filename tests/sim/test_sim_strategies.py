@@ -45,15 +45,15 @@ def test_invariants_hold_for_every_strategy(kind):
     assert (turns["first_token_s"] >= turns["arrival_s"]).all()
     assert (turns["finish_s"] >= turns["first_token_s"]).all()
     namespaces = set(result.kv_by_namespace["namespace"])
-    if kind in ("contextual_mol", "mol2", "base", "multi_agent"):
+    if config.strategy.kv_layout != "per_adapter":
         assert namespaces == {-1}  # one shared copy
     else:
         assert len(namespaces) > 1 and -1 not in namespaces  # copies keyed by adapter
 
 
-def switched_turn_ttft(kind: str, initial_tokens: int) -> float:
+def switched_turn_ttft(kind: str, initial_tokens: int, **config) -> float:
     """Time to first token of a switched turn after routing: what the switch itself costs."""
-    result = simulate(small_config(kind), two_turn_switch(initial_tokens))
+    result = simulate(small_config(kind, **config), two_turn_switch(initial_tokens))
     second = result.turns.iloc[1]
     assert second.is_switch
     return second.ttft_s - second.route_s
@@ -69,6 +69,36 @@ def test_switch_cost_is_flat_in_context_under_ced(kind):
 def test_switch_cost_grows_with_context_without_shared_kv(kind):
     short, long = switched_turn_ttft(kind, 1024), switched_turn_ttft(kind, 16384)
     assert long > 3 * short
+
+
+@pytest.mark.parametrize("kind", ("multi_lora", "preft", "mol"))
+def test_decoder_side_adapters_on_ced_share_kv_whatever_the_strategy_name(kind):
+    # A client-named adapter (the fixed-route baseline), PreFT, and MoL's answer hop on a CED
+    # model with adapters on the decoder side only: shared KV, switch by bounded replay.
+    config = small_config(kind, model="ced-40")
+    assert config.strategy.kv_layout == "shared"
+    short, long = (switched_turn_ttft(kind, n, model="ced-40") for n in (1024, 16384))
+    assert long < 1.3 * short
+    second = simulate(config, two_turn_switch(8192)).turns.iloc[1]
+    assert second.num_replay_tokens == config.arch.ced.sliding_window_tokens
+    assert second.num_recomputed_tokens < 64
+
+
+@pytest.mark.parametrize("kind", ("multi_lora", "mol2"))
+def test_ced_adapters_on_the_encoder_get_per_adapter_kv_and_re_prefill(kind):
+    from sim.catalogue import get_model
+    from sim.placement import adapter_placements, kv_layout
+    arch = get_model("ced-40")
+    pairs = adapter_placements(arch, tuple(range(arch.num_layers)), ("q_proj", "v_proj"))
+    fields = dict(adapter_placements=tuple(pairs), kv_layout=kv_layout(arch, kind, [pairs]))
+    assert fields["kv_layout"] == "per_adapter"
+    short, long = (switched_turn_ttft(kind, n, model="ced-40", strategy_fields=fields)
+                   for n in (1024, 16384))
+    assert long > 3 * short
+    second = simulate(small_config(kind, model="ced-40", strategy_fields=fields),
+                      two_turn_switch(8192)).turns.iloc[1]
+    assert second.num_replay_tokens == 0
+    assert second.num_recomputed_tokens >= 8192
 
 
 def test_ced_switch_replays_a_bounded_window_and_mol_recomputes_the_context():
