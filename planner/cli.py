@@ -13,6 +13,7 @@ from rich.progress import Progress
 
 from planner.loading import ScenarioError, load_scenario
 from planner.scenario import Scenario
+from planner.workloads import OFFLINE_NOTE, is_offline
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan GPU capacity for serving many LoRA adapters on one base model.")
@@ -47,8 +48,10 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Scenario YAML fil
     problems: list[str] = []
     for path in files:
         try:
-            load_scenario(path)
+            scenario = load_scenario(path)
             console.print(f"ok {path}")
+            if is_offline(scenario.workload):
+                console.print(f"  {OFFLINE_NOTE}")
         except ScenarioError as err:
             problems += err.messages
     if problems:
@@ -94,6 +97,8 @@ def run(
 def _print_plan(result) -> None:
     plans = result.plans
     console.print(f"[bold]{result.scenario.name}[/bold]: capacity plan")
+    for note in result.notes:
+        console.print(f"  {note}", markup=False)
     for row in plans.to_dict(orient="records"):
         if row.get("is_feasible"):
             console.print(

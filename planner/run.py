@@ -26,6 +26,7 @@ from planner.report import (
     write_table,
 )
 from planner.scenario import Scenario
+from planner.workloads import OFFLINE_NOTE, is_offline
 from sim import figures as sim_figures
 
 _EXPLAIN = {
@@ -71,6 +72,8 @@ class RunResult:
     comparisons: dict[str, pd.DataFrame]
     plans: pd.DataFrame
     errors: dict[str, str]
+    notes: tuple[str, ...] = ()
+    """One line each on what the run did not do and why (an offline scenario is not planned)."""
 
 
 def _sections(comparisons: dict[str, pd.DataFrame]) -> list[ReportSection]:
@@ -163,7 +166,9 @@ def run_scenario_file(
     scenario = load_scenario(path)
     out_dir = Path(out_root) / file_name(scenario.name)
     comparisons = run_comparisons(scenario)
-    tasks = scenario_tasks(scenario, "sim") + scenario_tasks(scenario, "plan")
+    offline = is_offline(scenario.workload)
+    notes = (OFFLINE_NOTE,) if offline else ()
+    tasks = scenario_tasks(scenario, "sim") + ([] if offline else scenario_tasks(scenario, "plan"))
     records = run_points(tasks, _run_point, PointStore(out_dir / "points"), backend=backend,
                          num_workers=num_workers, ray_address=ray_address,
                          on_done=progress_counter(len(tasks), on_progress))
@@ -172,7 +177,8 @@ def run_scenario_file(
     for name, df in {**comparisons, **frames}.items():
         if not df.empty:
             tables += write_table(df, out_dir / "tables" / name)
-    sections = (_plan_sections(frames["plans"], frames["plan_trials"])
+    sections = ([ReportSection("Capacity plan", note) for note in notes]
+                + _plan_sections(frames["plans"], frames["plan_trials"])
                 + _sim_sections(frames["sim_summary"], frames["sim_turns"],
                                 frames["sim_timeseries"])
                 + _sections(comparisons))
@@ -185,7 +191,7 @@ def run_scenario_file(
                        path.read_text(encoding="utf-8"))
     report = out_dir / "report.html"
     write_atomic(report, page.encode("utf-8"))
-    return RunResult(scenario, report, tables, comparisons, frames["plans"], errors)
+    return RunResult(scenario, report, tables, comparisons, frames["plans"], errors, notes)
 
 
 def _run_point(payload: dict) -> dict:

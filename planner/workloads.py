@@ -131,3 +131,14 @@ class TraceWorkload(FrozenModel):
 WorkloadConfig = Annotated[
     PunicaWorkload | ConversationWorkload | TraceWorkload, Field(discriminator="kind")
 ]
+
+
+OFFLINE_NOTE = ("workload: no arrival rate (every request at t=0, an offline throughput "
+                "benchmark): simulated and reported; the capacity search needs a rate "
+                "(set workload.arrival_rate_per_s)")
+"""The one line `molcap run` and `molcap validate` print for an offline scenario."""
+
+
+def is_offline(workload: WorkloadConfig) -> bool:
+    """True when every request arrives at t=0 (no arrival rate): simulate, do not plan."""
+    return isinstance(workload, PunicaWorkload) and workload.arrival_rate_per_s is None
