@@ -21,6 +21,18 @@ console = Console(soft_wrap=True, highlight=False)
 errors = Console(stderr=True, soft_wrap=True, highlight=False)
 
 BAD_INPUT_EXIT = 2
+FAILED_POINTS_EXIT = 1
+"""Some points raised: the others finished and were written, but the run is not a success."""
+
+
+def _exit_if_points_failed(failed: int, total: int, reports: list[Path]) -> None:
+    """The last line of a run or sweep with failed points, then a non-zero exit."""
+    if failed:
+        shown = ", ".join(str(r) for r in reports)
+        errors.print(f"{failed} of {total} points failed: why is above and in the report's "
+                     f"'Failed points' section ({shown}); run the same command again to retry "
+                     "them", markup=False)
+        raise typer.Exit(FAILED_POINTS_EXIT)
 
 
 def _fail(messages: list[str]) -> None:
@@ -74,6 +86,7 @@ def run(
 
     _check_backend(backend)
     problems: list[str] = []
+    failed, total, reports = 0, 0, []
     try:
         with Progress(console=console, transient=True) as progress:
             for path in files:
@@ -87,11 +100,15 @@ def run(
                     problems += err.messages
                     continue
                 _print_plan(result)
+                failed, total = failed + len(result.errors), total + result.num_points
+                if result.errors:
+                    reports.append(result.report_path)
     except KeyboardInterrupt:
         errors.print("interrupted: finished points are kept; run the same command to resume")
         raise typer.Exit(130) from None
     if problems:
         _fail(problems)
+    _exit_if_points_failed(failed, total, reports)
 
 
 def _print_plan(result) -> None:
@@ -150,6 +167,7 @@ def sweep(
     console.print(f"report: {result.report_path}")
     if result.table_paths:
         console.print(f"table: {result.table_paths[0]} (and .csv)")
+    _exit_if_points_failed(len(result.errors), result.num_points, [result.report_path])
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ class RunResult:
     comparisons: dict[str, pd.DataFrame]
     plans: pd.DataFrame
     errors: dict[str, str]
+    num_points: int
     notes: tuple[str, ...] = ()
     """One line each on what the run did not do and why (an offline scenario is not planned)."""
 
@@ -191,7 +192,8 @@ def run_scenario_file(
                        path.read_text(encoding="utf-8"))
     report = out_dir / "report.html"
     write_atomic(report, page.encode("utf-8"))
-    return RunResult(scenario, report, tables, comparisons, frames["plans"], errors, notes)
+    return RunResult(scenario, report, tables, comparisons, frames["plans"], errors, len(tasks),
+                     notes)
 
 
 def _run_point(payload: dict) -> dict:

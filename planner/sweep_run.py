@@ -42,6 +42,7 @@ class SweepResult:
     errors: dict[str, str]
     report_path: Path
     table_paths: list[Path]
+    num_points: int
 
 
 def collect_table(records: dict[str, dict]) -> tuple[pd.DataFrame, dict[str, str]]:
@@ -98,4 +99,4 @@ def run_sweep(
                        Path(spec_path).read_text(encoding="utf-8"))
     report = out_dir / "report.html"
     write_atomic(report, page.encode("utf-8"))
-    return SweepResult(spec, table, errors, report, paths)
+    return SweepResult(spec, table, errors, report, paths, len(tasks))

@@ -4,43 +4,16 @@ characters; a run and a sweep with hostile names write only under the output fol
 
 from __future__ import annotations
 
-import textwrap
-from pathlib import Path
-
 import pytest
+from planner_helpers import TINY, files_under, write_tiny
 
 from planner.loading import ScenarioError
 from planner.report import file_name
 from planner.run import run_scenario_file
 from planner.sweep_run import run_sweep
 
-TINY = """\
-name: tiny
-model: qwen2.5-0.5b
-hardware: {gpu: A100-80GB}
-strategies:
-  - kind: base
-  - kind: multi_lora
-    adapters: [{name: chat, rank: 8}, {name: code, rank: 8}]
-workload: {kind: punica, num_requests: 20, num_adapters: 2, num_output_tokens: 8,
-           arrival_rate_per_s: 2}
-search: {num_seeds: 1, max_turns_per_evaluation: 20}
-analysis: {context_tokens: [512], adapters_visited: [1], decode_tokens_per_turn: [16],
-           decision_every_tokens: [32], distinct_adapters: [1], decode_batch_size: 4}
-"""
-
 HOSTILE = ["../../x", "/etc/passwd", "a/../../b", "a\\..\\b", "..", ".", ".hidden", "x\x00y",
            "x\ny", "\x1b[31mred", "a" * 400, "~/x", "C:\\x", "nul/", " ", "é/ü"]
-
-
-def write_tiny(folder: Path, name: str = "tiny", text: str = TINY) -> Path:
-    path = folder / f"{name}.yaml"
-    path.write_text(textwrap.dedent(text), encoding="utf-8")
-    return path
-
-
-def files_under(root: Path) -> set[Path]:
-    return {p for p in root.rglob("*") if p.is_file()}
 
 
 @pytest.mark.parametrize("name", HOSTILE, ids=repr)

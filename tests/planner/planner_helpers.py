@@ -1,0 +1,44 @@
+"""Small scenarios and helpers shared by the planner hardening tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+TINY = """\
+name: tiny
+model: qwen2.5-0.5b
+hardware: {gpu: A100-80GB}
+strategies:
+  - kind: base
+  - kind: multi_lora
+    adapters: [{name: chat, rank: 8}, {name: code, rank: 8}]
+workload: {kind: punica, num_requests: 20, num_adapters: 2, num_output_tokens: 8,
+           arrival_rate_per_s: 2}
+search: {num_seeds: 1, max_turns_per_evaluation: 20}
+analysis: {context_tokens: [512], adapters_visited: [1], decode_tokens_per_turn: [16],
+           decision_every_tokens: [32], distinct_adapters: [1], decode_batch_size: 4}
+"""
+"""Two strategies on a small model: a whole `molcap run` takes a few seconds."""
+
+
+def write_tiny(folder: Path, name: str = "tiny", text: str = TINY) -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def files_under(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if p.is_file()}
+
+
+def molcap(*args: str, cwd: Path, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """The CLI in a subprocess (this checkout's code), output captured as text."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout, **kwargs)
