@@ -9,6 +9,7 @@ use the full upstream files instead.
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 from datetime import datetime
@@ -78,6 +79,21 @@ def read_trace_rows(path: Path, fmt: str, max_rows: int | None) -> list[tuple[st
     return rows
 
 
+def _cached_rows(path: Path, fmt: str) -> list[tuple[str, dict]]:
+    """Every row of a trace, read once per file version (the capacity search cuts the same trace
+    for every point it simulates)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return read_trace_rows(path, fmt, None)  # raises the located "no such file"
+    return _rows_of_version(str(path), fmt, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _rows_of_version(path: str, fmt: str, mtime_ns: int, size: int) -> list[tuple[str, dict]]:
+    return read_trace_rows(Path(path), fmt, None)
+
+
 def trace_workload(rng: np.random.Generator, path: str | Path, *, num_domains: int,
                    fmt: str = "csv", arrival_column: str = "timestamp",
                    input_column: str = "input_length", output_column: str = "output_length",
@@ -88,13 +104,16 @@ def trace_workload(rng: np.random.Generator, path: str | Path, *, num_domains: i
     """Replay a trace: arrivals relative to the first row and divided by `rate_scale`, lengths
     multiplied by `length_scale`; adapters from a column, else drawn (by `domain_weights`)."""
     path = Path(path)
-    rows = read_trace_rows(path, fmt, max_requests)
+    rows = _cached_rows(path, fmt)
     needed = [arrival_column, input_column, output_column, hash_ids_column, adapter_column]
     missing = [c for c in needed if c is not None and c not in rows[0][1]]
     if missing:
         raise TraceError(f"{rows[0][0]}: missing column(s) {missing}; "
                          f"found {sorted(rows[0][1])}")
     arrival = np.array([_parse_time(r[arrival_column], time_unit, w) for w, r in rows])
+    # Sorted before the cut: `max_requests` keeps the earliest requests, whatever the file order.
+    order = np.argsort(arrival, kind="stable")[:max_requests]
+    rows, arrival = [rows[i] for i in order], arrival[order]
     inputs = np.array([_parse_int(r[input_column], input_column, w) for w, r in rows])
     outputs = np.array([_parse_int(r[output_column], output_column, w) for w, r in rows])
     inputs = np.maximum(1, np.rint(inputs * length_scale)).astype(np.int64)

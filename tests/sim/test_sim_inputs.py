@@ -87,3 +87,16 @@ def test_servegen_popularity_is_skewed_and_sized():
     weights = servegen_popularity(43)
     assert weights.size == 43 and np.all(np.diff(weights) <= 0)
     assert weights[0] == pytest.approx(351, rel=0.01) and weights[-1] < 0.02
+
+
+def test_an_unsorted_trace_is_sorted_before_it_is_cut(tmp_path):
+    # Rows out of time order: the first two requests in time are the rows at t=0 and t=1,
+    # wherever they sit in the file.
+    path = tmp_path / "unsorted.csv"
+    path.write_text("timestamp,input_length,output_length\n"
+                    "5,500,50\n0,100,10\n3,300,30\n1,200,20\n", encoding="utf-8")
+    cut = trace_workload(np.random.default_rng(0), path, num_domains=1, max_requests=2)
+    assert cut.conv_arrival_s.tolist() == [0.0, 1.0]
+    assert cut.turn_user_tokens.tolist() == [100, 200]
+    whole = trace_workload(np.random.default_rng(0), path, num_domains=1)
+    assert whole.turn_user_tokens.tolist() == [100, 200, 300, 500]
