@@ -6,7 +6,6 @@ a JSON-able record, so points run in worker processes or on Ray and are stored a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import asdict
@@ -14,7 +13,7 @@ from dataclasses import asdict
 import pandas as pd
 
 from planner.capacity import plan_strategy
-from planner.points import PointTask
+from planner.points import PointTask, content_digest
 from planner.report import file_name
 from planner.scenario import Scenario
 from planner.search import Plan, Trial
@@ -82,7 +81,7 @@ def simulate_point(payload: dict) -> dict:
 def scenario_tasks(scenario: Scenario, what: str) -> list[PointTask]:
     """One task per strategy; the key hashes the whole scenario, so an edit reruns it."""
     dump = scenario.model_dump(mode="json")
-    digest = hashlib.sha1(json.dumps(dump, sort_keys=True).encode()).hexdigest()[:10]
+    digest = content_digest(dump)
     return [PointTask(f"{what}-{i:02d}-{file_name(st.label)}-{digest}",
                       {"what": what, "scenario": dump, "index": i})
             for i, st in enumerate(scenario.strategies)]

@@ -8,6 +8,7 @@ values through the executor, never by scraping files that workers wrote.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import traceback
@@ -17,10 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import sim.version
 from planner.report import write_atomic
 
 PointFn = Callable[[dict], dict]
 """A top-level (picklable) function: point payload -> JSON-able result."""
+
+
+def content_digest(*parts: Any) -> str:
+    """Short hash of what shapes a point's result: its inputs and the model version of the
+    code, so that an edit of either gives the point a new key (and a new computation)."""
+    data = json.dumps([sim.version.MODEL_VERSION, *parts], sort_keys=True, default=str)
+    return hashlib.sha1(data.encode()).hexdigest()[:10]
 
 
 @dataclass(frozen=True)

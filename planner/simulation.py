@@ -31,6 +31,7 @@ from sim.specs import ModelArch
 from sim.traces import servegen_popularity, trace_workload
 from sim.workloads import Workload, conversation_workload, punica_workload
 
+
 def _adapter_numbers(strategy, arch: ModelArch, tp: int) -> dict:
     """Adapter arithmetic, placements, per-GPU load bytes and the KV layout they imply."""
     adapters = getattr(strategy, "adapters", ())

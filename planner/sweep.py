@@ -8,9 +8,7 @@ runs, so a bad value is reported against the spec line that produced it.
 from __future__ import annotations
 
 import copy
-import hashlib
 import itertools
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +16,7 @@ from pydantic import Field, ValidationError
 
 from planner.base import FrozenModel
 from planner.loading import ScenarioError, anchor_paths, parse_yaml, scenario_from_text
+from planner.points import content_digest
 from planner.scenario import Scenario
 
 
@@ -66,10 +65,11 @@ def _set_path(data: dict, path: str, value: Any) -> None:
         node[parts[-1]] = value
 
 
-def point_key(index: int, params: dict) -> str:
-    """Stable file-name key of a point: its index and a hash of its parameter values."""
-    digest = hashlib.sha1(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()
-    return f"p{index:05d}-{digest[:10]}"
+def point_key(index: int, params: dict, scenario: dict, evaluate: str) -> str:
+    """Stable file-name key of a point: its index and a hash of its parameter values, the whole
+    scenario it evaluates (an edit of the base reruns it), what it computes and the model
+    version."""
+    return f"p{index:05d}-{content_digest(params, scenario, evaluate)}"
 
 
 def _combinations(spec: SweepSpec) -> list[tuple[tuple[int, ...], dict]]:
@@ -112,7 +112,7 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, list[tuple[str, dict, dict]
             problems += [f"{path}:{index.line_of(('parameters',)) or '?'}: parameters: the point "
                          f"{given} gives an invalid scenario: {d}" for d in _details(err)]
             continue
-        points.append((point_key(n, params), params, scenario))
+        points.append((point_key(n, params, scenario, spec.evaluate), params, scenario))
     if problems:
         raise ScenarioError(problems)
     return spec, points
