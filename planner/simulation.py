@@ -6,12 +6,18 @@ workload arrays for one strategy of the scenario, then calls `sim.simulate`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from planner.scenario import Scenario
-from planner.workloads import ConversationWorkload, PunicaWorkload, TraceWorkload
+from planner.workloads import (
+    ConversationWorkload,
+    OutputLengths,
+    PunicaWorkload,
+    TraceWorkload,
+)
 from sim.config import (
     AdapterSpec,
     ClusterSpec,
@@ -28,8 +34,21 @@ from sim.model_shapes import lora_weights_per_rank
 from sim.placement import adapter_placements, kv_layout
 from sim.simulate import SimResult, simulate
 from sim.specs import ModelArch
-from sim.traces import servegen_popularity, trace_workload
-from sim.workloads import Workload, conversation_workload, punica_workload
+from sim.traces import (
+    TRACES_DIR,
+    TraceError,
+    read_trace_rows,
+    servegen_popularity,
+    trace_workload,
+)
+from sim.workloads import (
+    Workload,
+    conversation_workload,
+    draw_lengths,
+    punica_workload,
+    with_named_share,
+)
+
 
 
 def _adapter_numbers(strategy, arch: ModelArch, tp: int) -> dict:
@@ -57,7 +76,7 @@ def strategy_spec(scenario: Scenario, index: int) -> StrategySpec:
     """The sim-level description of strategy `index`."""
     st = scenario.strategies[index]
     arch = scenario.strategy_arch(index)
-    fields = dict(kind=st.kind, label=st.label,
+    fields = dict(kind=st.kind, label=st.label, output_length_scale=st.output_length_scale,
                   **_adapter_numbers(st, arch, scenario.hardware.tensor_parallel_size))
     names = [a.name for a in getattr(st, "adapters", ())]
     if st.kind == "preft":
@@ -78,6 +97,7 @@ def strategy_spec(scenario: Scenario, index: int) -> StrategySpec:
         fields.update(routing=st.routing, num_head_params=st.num_head_params)
     if st.kind in ("mol", "contextual_mol", "mol2"):
         fields["measured_decision_time_s"] = st.measured_decision_time_s
+        fields["routing_accuracy"] = st.resolved_router_accuracy
     if st.kind == "multi_agent":
         fields["num_handover_tokens"] = st.num_handover_tokens
     return StrategySpec(**fields)
@@ -101,11 +121,38 @@ def create_workload(scenario: Scenario, num_domains: int, rng: np.random.Generat
                     scenario_dir: Path | None = None) -> Workload:
     """The scenario's workload as simulator arrays."""
     w = scenario.workload
+    arrays = _workload_arrays(w, num_domains, rng, scenario_dir)
+    lengths = getattr(w, "output_lengths", None)
+    if lengths is not None and lengths.distribution != "fixed":
+        median = w.num_output_tokens if isinstance(w, PunicaWorkload) else w.num_reply_tokens
+        samples = (_trace_output_lengths(lengths, scenario_dir)
+                   if lengths.distribution == "trace" else None)
+        arrays = replace(arrays, turn_reply_tokens=draw_lengths(
+            rng, arrays.num_turns, distribution=lengths.distribution, median=median,
+            sigma=lengths.lognormal_sigma, samples=samples, max_tokens=lengths.max_tokens))
+    return with_named_share(rng, arrays, w.named_adapter_share)
+
+
+def _trace_output_lengths(lengths: OutputLengths, scenario_dir: Path | None) -> np.ndarray:
+    path = Path(lengths.trace_path)
+    if not path.is_absolute():
+        near = (scenario_dir or Path.cwd()) / path
+        path = near if near.exists() else TRACES_DIR / path
+    rows = read_trace_rows(path, lengths.trace_format, None)
+    if lengths.trace_column not in rows[0][1]:
+        raise TraceError(f"{rows[0][0]}: no column {lengths.trace_column!r} "
+                         f"(output_lengths.trace_column); columns: {sorted(rows[0][1])}")
+    return np.array([max(1, int(float(row[lengths.trace_column]))) for _, row in rows])
+
+
+def _workload_arrays(w, num_domains: int, rng: np.random.Generator,
+                     scenario_dir: Path | None) -> Workload:
+    own = {"kind", "named_adapter_share", "output_lengths"}
     if isinstance(w, PunicaWorkload):
-        return punica_workload(rng, **w.model_dump(exclude={"kind"}))
+        return punica_workload(rng, **w.model_dump(exclude=own))
     if isinstance(w, ConversationWorkload):
         return conversation_workload(rng, num_domains=num_domains,
-                                     **w.model_dump(exclude={"kind"}))
+                                     **w.model_dump(exclude=own))
     assert isinstance(w, TraceWorkload)
     path = Path(w.path)  # load_scenario makes a file's relative path absolute
     if not path.is_absolute():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+import numpy as np
 from pydantic import Field, model_validator
 
 from planner.base import FrozenModel
@@ -40,6 +41,9 @@ class _StrategyBase(FrozenModel):
     """Label of this strategy in reports; None uses `kind`."""
     model: str | None = None
     """Catalogue model for this strategy (CED strategies need a CED model); None: the scenario's."""
+    output_length_scale: float = Field(default=1.0, gt=0, le=100)
+    """Multiplier on every reply length the workload draws, for this strategy only (prefill-only
+    adapters are reported to change reply length on long-form tasks); 1 keeps the workload's."""
 
     @property
     def label(self) -> str:
@@ -68,6 +72,53 @@ class _SharedKvStrategy(_AdapterStrategy):
     per-adapter and a switch re-prefills the context)."""
 
 
+class AccuracyPoint(FrozenModel):
+    """A router's accuracy measured with a given number of candidate domains."""
+
+    num_domains: int = Field(ge=1, le=100_000)
+    """Candidate domains (adapters) the router chose among."""
+    accuracy: float = Field(gt=0, le=1)
+    """Share of decisions that picked the right adapter."""
+
+
+PUBLISHED_ROUTER_ACCURACY = {"mol": 0.9711, "contextual_mol": 0.9855, "mol2": 0.9731}
+"""Reference accuracies on the 4-domain benchmark of the MoL2 write-up (domain brief 2.3): the
+defaults until a scenario or a router card gives its own."""
+
+
+class _RoutedStrategy(FrozenModel):
+    router_accuracy: float | None = Field(default=None, gt=0, le=1)
+    """Share of routed turns sent to the right adapter (a misrouted turn is answered by a wrong
+    one, uniformly among the others); None: the curve below, else the published 4-domain figure
+    (MoL 0.9711, contextual MoL 0.9855, MoL2 0.9731). A client-named adapter is always right."""
+    router_accuracy_curve: tuple[AccuracyPoint, ...] | None = Field(default=None, min_length=1)
+    """Accuracy by number of domains, e.g. [{num_domains: 4, accuracy: 0.97}, {num_domains: 16,
+    accuracy: 0.9}]: read at the strategy's adapter count, linear between points and flat beyond
+    the ends. Give this or router_accuracy, not both."""
+
+    @model_validator(mode="after")
+    def _one_accuracy_source(self):
+        if self.router_accuracy is not None and self.router_accuracy_curve is not None:
+            raise ValueError(f"router_accuracy={self.router_accuracy} and router_accuracy_curve "
+                             "both given; keep one")
+        points = [p.num_domains for p in self.router_accuracy_curve or ()]
+        if len(set(points)) != len(points):
+            raise ValueError(f"router_accuracy_curve: num_domains {points} repeat a value")
+        return self
+
+    @property
+    def resolved_router_accuracy(self) -> float:
+        """The accuracy the simulator samples misroutes with, at this strategy's domain count."""
+        if self.router_accuracy is not None:
+            return self.router_accuracy
+        if self.router_accuracy_curve is None:
+            return PUBLISHED_ROUTER_ACCURACY[self.kind]  # type: ignore[attr-defined]
+        points = sorted(self.router_accuracy_curve, key=lambda p: p.num_domains)
+        n = len(self.adapters)  # type: ignore[attr-defined]
+        return float(np.interp(n, [p.num_domains for p in points],
+                               [p.accuracy for p in points]))
+
+
 class BaseStrategy(_StrategyBase):
     """The base model alone: no adapters, no routing."""
 
@@ -91,7 +142,7 @@ class PreftStrategy(_AdapterStrategy):
     """lora_p: LoRA masked to prompt positions; direft_p: low-rank residual-stream edit."""
 
 
-class MolStrategy(_AdapterStrategy):
+class MolStrategy(_RoutedStrategy, _AdapterStrategy):
     """Mixture-of-LoRA on a decoder-only model: route hop, handoff prefill, summary hop."""
 
     kind: Literal["mol"] = "mol"
@@ -108,7 +159,7 @@ class MolStrategy(_AdapterStrategy):
     """Measured decision time; None derives it from the cost model."""
 
 
-class ContextualMolStrategy(_SharedKvStrategy):
+class ContextualMolStrategy(_RoutedStrategy, _SharedKvStrategy):
     """MoL on a CED model routed by a q/k head over H19 of the query and of the options."""
 
     kind: Literal["contextual_mol"] = "contextual_mol"
@@ -122,7 +173,7 @@ class ContextualMolStrategy(_SharedKvStrategy):
     """Measured decision time; None derives it from the cost model."""
 
 
-class Mol2Strategy(_SharedKvStrategy):
+class Mol2Strategy(_RoutedStrategy, _SharedKvStrategy):
     """MoL on a CED model routed by a pointer head on H19 vs cached option embeddings."""
 
     kind: Literal["mol2"] = "mol2"

@@ -12,6 +12,26 @@ MAX_RATE_PER_S = 1e6
 """Above a million requests per second per scenario a rate is a typo, not a workload."""
 
 
+class OutputLengths(FrozenModel):
+    """How reply (output) lengths are drawn around the workload's own length."""
+
+    distribution: Literal["fixed", "lognormal", "trace"] = "fixed"
+    """fixed: every reply has the workload's length (Punica's benchmark); lognormal: median the
+    workload's length, shape lognormal_sigma; trace: drawn with replacement from the output
+    lengths of a trace file."""
+    lognormal_sigma: float = Field(default=0.8, gt=0, le=5)
+    """Shape of the lognormal (the log-space standard deviation)."""
+    trace_path: str = "azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+    """Trace whose output lengths are sampled; relative paths resolve against the scenario's
+    folder, then the shipped traces (data/traces)."""
+    trace_format: Literal["csv", "jsonl"] = "csv"
+    """File format of trace_path."""
+    trace_column: str = "GeneratedTokens"
+    """Output-length column of trace_path."""
+    max_tokens: int = Field(default=8192, ge=1, le=10_000_000)
+    """Drawn lengths are clipped to 1..max_tokens."""
+
+
 class PunicaWorkload(FrozenModel):
     """Punica's multi-adapter benchmark: lognormal prompts, fixed outputs, one of four mixes."""
 
@@ -34,9 +54,14 @@ class PunicaWorkload(FrozenModel):
     max_prompt_tokens: int = Field(default=2048, ge=1, le=10_000_000)
     """Prompt lengths are clipped to this."""
     num_output_tokens: int = Field(default=128, ge=1, le=10_000_000)
-    """Fixed output length of every request."""
+    """Output length of every request (the median under a lognormal `output_lengths`)."""
+    output_lengths: OutputLengths = OutputLengths()
+    """Fixed (Punica's benchmark), lognormal around num_output_tokens, or sampled from a trace."""
     arrival_rate_per_s: float | None = Field(default=None, gt=0, le=MAX_RATE_PER_S)
     """Poisson arrival rate; None submits every request at time 0 (the original benchmark)."""
+    named_adapter_share: float = Field(default=0.0, ge=0, le=1)
+    """Share of requests (turns) whose client names the adapter, drawn per turn: under a routed
+    strategy they skip the router and are always right; the rest are routed."""
 
 
 class ConversationWorkload(FrozenModel):
@@ -55,11 +80,16 @@ class ConversationWorkload(FrozenModel):
     num_user_tokens: int = Field(default=128, ge=1, le=10_000_000)
     """Tokens of each user turn."""
     num_reply_tokens: int = Field(default=256, ge=1, le=10_000_000)
-    """Tokens of each reply."""
+    """Tokens of each reply (the median under a lognormal `output_lengths`)."""
+    output_lengths: OutputLengths = OutputLengths()
+    """Fixed, lognormal around num_reply_tokens, or sampled from a trace."""
     think_time_s: float = Field(default=5.0, ge=0, le=86_400)
     """Mean user think time between a reply and the next turn (exponential)."""
     arrival_rate_per_s: float = Field(default=1.0, gt=0, le=MAX_RATE_PER_S)
     """Poisson arrival rate of new conversations."""
+    named_adapter_share: float = Field(default=0.0, ge=0, le=1)
+    """Share of requests (turns) whose client names the adapter, drawn per turn: under a routed
+    strategy they skip the router and are always right; the rest are routed."""
 
     @property
     def num_final_context_tokens(self) -> int:
@@ -108,6 +138,9 @@ class TraceWorkload(FrozenModel):
     popularity: Literal["uniform", "servegen"] = "uniform"
     """Adapter mix when the trace has no adapter column: uniform, or servegen (weights are the
     mean request rates of the busiest ServeGen clients, one client per adapter)."""
+    named_adapter_share: float = Field(default=0.0, ge=0, le=1)
+    """Share of requests (turns) whose client names the adapter, drawn per turn: under a routed
+    strategy they skip the router and are always right; the rest are routed."""
 
     @model_validator(mode="after")
     def _popularity_needs_no_adapter_column(self) -> TraceWorkload:

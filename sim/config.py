@@ -112,6 +112,11 @@ class StrategySpec(_Frozen):
     """MoL2: where the pointer head runs."""
     num_head_params: int = Field(default=0, ge=0)
     """Routing-head parameters (MoL2 pointer head, contextual MoL q/k head)."""
+    routing_accuracy: float = Field(default=1.0, gt=0, le=1)
+    """Share of routed turns sent to the right adapter; the rest go to another, drawn uniformly
+    (turns whose client names the adapter are always right)."""
+    output_length_scale: float = Field(default=1.0, gt=0)
+    """Multiplier on the workload's reply lengths under this strategy."""
     measured_decision_time_s: float | None = Field(default=None, gt=0)
     """A measured decision time, spent by the router outside the GPU, instead of the model's."""
     replay_window_tokens: int = Field(default=0, ge=0)

@@ -28,7 +28,8 @@ _TURN_COLUMNS = dict(
     route_s="d", first_token_s="d", finish_s="d", done_s="d", num_context_tokens="q",
     num_user_tokens="q", num_output_tokens="q", num_prefill_tokens_computed="q",
     num_cached_tokens="q", num_replay_tokens="q", num_recomputed_tokens="q",
-    num_hop_prefill_tokens="q", num_preemptions="q", adapter_load_s="d")
+    num_hop_prefill_tokens="q", num_preemptions="q", adapter_load_s="d", is_routed="q",
+    is_misrouted="q")
 _SAMPLE_COLUMNS = dict(
     time_s="d", replica="q", num_running="q", num_waiting="q", batch_size="q",
     kv_blocks_used="q", kv_blocks_cached="q", num_resident_adapters="q", num_adapter_loads="q",
@@ -57,6 +58,10 @@ class TurnRecord:
     num_hop_prefill_tokens: int = 0
     num_preemptions: int = 0
     adapter_load_s: float = 0.0
+    is_routed: bool = False
+    """A router chose the adapter (the client did not name it)."""
+    is_misrouted: bool = False
+    """The router chose a wrong adapter: the turn was answered by another domain's."""
 
     def on_answer(self, seq: Sequence) -> None:
         """Take the user-visible timings from the answer hop."""
@@ -99,7 +104,7 @@ class MetricsRecorder:
             t.route_s, t.first_token_s, t.finish_s, now, t.num_context_tokens,
             t.num_user_tokens, t.num_output_tokens, t.num_prefill_tokens_computed,
             t.num_cached_tokens, t.num_replay_tokens, recomputed, t.num_hop_prefill_tokens,
-            t.num_preemptions, t.adapter_load_s)
+            t.num_preemptions, t.adapter_load_s, int(t.is_routed), int(t.is_misrouted))
 
     def on_sample(self, replica, now: float, batch_size: int) -> None:
         """A replica finished a step or run; keep a sample if the interval has passed."""
@@ -124,7 +129,8 @@ class MetricsRecorder:
         requests["ttft_s"] = requests["first_token_s"] - requests["submit_s"]
         requests["e2e_s"] = requests["finish_s"] - requests["submit_s"]
         turns = self.turns.to_frame()
-        turns["is_switch"] = turns["is_switch"].astype(bool)
+        for flag in ("is_switch", "is_routed", "is_misrouted"):
+            turns[flag] = turns[flag].astype(bool)
         turns["ttft_s"] = turns["first_token_s"] - turns["arrival_s"]
         turns["e2e_s"] = turns["finish_s"] - turns["arrival_s"]
         decode_tokens = (turns["num_output_tokens"] - 1).clip(lower=1)
@@ -159,4 +165,8 @@ def summarize(turns: pd.DataFrame, requests: pd.DataFrame, *, ttft_slo_s: float 
     out["num_preemptions"] = int(requests["num_preemptions"].sum())
     out["num_recomputed_tokens"] = int(turns["num_recomputed_tokens"].sum())
     out["num_replay_tokens"] = int(turns["num_replay_tokens"].sum())
+    num_routed = int(turns["is_routed"].sum())
+    out["num_routed_turns"] = num_routed
+    out["num_misroutes"] = int(turns["is_misrouted"].sum())
+    out["misroute_rate"] = out["num_misroutes"] / num_routed if num_routed else 0.0
     return out

@@ -22,7 +22,7 @@ from sim.metrics import MetricsRecorder, summarize
 from sim.replica import Replica, SimulationError, StepCounter
 from sim.step_pricer import StepPricer
 from sim.turns import TurnDriver
-from sim.workloads import Workload
+from sim.workloads import Workload, with_reply_scale
 
 
 class SimInputError(ValueError):
@@ -140,6 +140,7 @@ def simulate(config: SimConfig, workload: Workload, *, timeseries_interval_s: fl
              slo: dict | None = None) -> SimResult:
     """Simulate `workload` served under `config`; `slo` holds ttft/tpot/e2e_slo_s for goodput."""
     wall_start = time.perf_counter()
+    workload = with_reply_scale(workload, config.strategy.output_length_scale)
     num_kv_blocks = resolve_num_kv_blocks(config)
     validate_inputs(config, workload, num_kv_blocks)
     profile = create_profile(config)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import simpy
 
 from sim.cluster import Router
@@ -29,6 +30,8 @@ from sim.workloads import Workload
 SHARED_NAMESPACE = -1
 ROUTING_KINDS = ("mol", "contextual_mol", "mol2")
 ROUTE, ANSWER, SUMMARY, DONE = range(4)
+MISROUTE_STREAM = 0x6D6973
+"""Seeds the misroute draws apart from the workload's, so an accuracy change moves no request."""
 
 
 @dataclass(slots=True)
@@ -58,10 +61,13 @@ class Turn:
     rec: TurnRecord
     replica: Replica
     domain: int
+    """The domain that answers (a wrong one when the router misrouted the turn)."""
     adapter: int
     num_user_tokens: int
     num_reply_tokens: int
     is_switch: bool
+    is_routed: bool
+    """A router decides this turn's adapter (False when the client names it)."""
     stage: int = ROUTE
     """The step `_advance` takes next (ROUTE, ANSWER, SUMMARY, DONE)."""
     answer: Sequence | None = None
@@ -82,6 +88,17 @@ class TurnDriver:
         self._is_multi_turn = bool((workload.conv_num_turns > 1).any())
         ced = config.arch.ced
         self.routing_last_layer = ced.routing_layer + 1 if ced else config.arch.num_layers
+        self._is_routing = self.strategy.kind in ROUTING_KINDS
+        self._misroute_offset = self._draw_misroutes(config, workload.num_turns)
+
+    def _draw_misroutes(self, config: SimConfig, num_turns: int) -> np.ndarray | None:
+        """Per turn, 0 when the router is right, else the step to the wrong domain it picks."""
+        s = config.strategy
+        if not self._is_routing or s.routing_accuracy >= 1 or self.num_domains < 2:
+            return None
+        rng = np.random.default_rng([config.seed, MISROUTE_STREAM])
+        wrong = rng.random(num_turns) >= s.routing_accuracy
+        return np.where(wrong, rng.integers(1, self.num_domains, num_turns), 0)
 
     def arrivals(self):
         """The one arrival process: start each conversation's first turn at its arrival time."""
@@ -143,16 +160,22 @@ class TurnDriver:
         wl, s = self.workload, self.strategy
         conv.turn = turn = conv.first_turn if conv.turn < 0 else conv.turn + 1
         domain = int(wl.turn_domain[turn]) % self.num_domains
-        adapter = self._adapter_of(domain)
-        is_switch = conv.prev_adapter is not None and conv.prev_adapter != domain
-        group = domain if s.kind == "multi_agent" else 0
+        is_routed = self._is_routing and not (wl.turn_is_named is not None
+                                              and wl.turn_is_named[turn])
+        served = domain
+        if is_routed and self._misroute_offset is not None:
+            served = (domain + int(self._misroute_offset[turn])) % self.num_domains
+        adapter = self._adapter_of(served)
+        is_switch = conv.prev_adapter is not None and conv.prev_adapter != served
+        group = served if s.kind == "multi_agent" else 0
         replica = self.router.choose(group, adapter, conv.last_replica)
         num_user = int(wl.turn_user_tokens[turn])
         rec = TurnRecord(conv_id=conv.conv_id, turn_index=turn - conv.first_turn, domain=domain,
                          is_switch=is_switch, replica=replica.index, arrival_s=self.env.now,
-                         num_context_tokens=conv.num_context_tokens, num_user_tokens=num_user)
-        self._advance(Turn(conv, rec, replica, domain, adapter, num_user,
-                           int(wl.turn_reply_tokens[turn]), is_switch))
+                         num_context_tokens=conv.num_context_tokens, num_user_tokens=num_user,
+                         is_routed=is_routed, is_misrouted=served != domain)
+        self._advance(Turn(conv, rec, replica, served, adapter, num_user,
+                           int(wl.turn_reply_tokens[turn]), is_switch, is_routed))
 
     def _advance(self, t: Turn) -> None:
         """Start the turn's next hop, or end the turn when none is left."""
@@ -162,7 +185,7 @@ class TurnDriver:
             if self._route(t):
                 return
         if t.stage == ANSWER:
-            if s.kind in ROUTING_KINDS:
+            if t.is_routed:
                 t.rec.route_s = self.env.now - t.rec.arrival_s
             t.stage = SUMMARY
             self._run(t, self._answer_fields(t))
@@ -170,7 +193,7 @@ class TurnDriver:
         if t.stage == SUMMARY:
             t.stage = DONE
             t.rec.on_answer(t.answer)
-            if s.kind == "mol" and t.domain != s.router_adapter_index and s.max_summary_tokens:
+            if s.kind == "mol" and t.adapter != s.router_adapter_index and s.max_summary_tokens:
                 num_prompt = t.answer.num_prompt_tokens + t.num_reply_tokens
                 self._run(t, dict(
                     hop="summary", adapter=t.adapter, kv_namespace=self._namespace(t.adapter),
@@ -198,7 +221,8 @@ class TurnDriver:
                           stream_id=PRIVATE_STREAM, num_stream_prompt_tokens=0,
                           is_output_in_stream=False)
         fields.update(self._window_fields(t, t.adapter))
-        if s.kind == "mol2" and s.routing == "in_engine" and s.measured_decision_time_s is None:
+        if t.is_routed and s.kind == "mol2" and s.routing == "in_engine" \
+                and s.measured_decision_time_s is None:
             fields.update(num_routing_decisions=1)
         return fields
 
@@ -207,7 +231,7 @@ class TurnDriver:
         False when there is none."""
         s, conv = self.strategy, t.conv
         num_prompt = conv.num_context_tokens + t.num_user_tokens
-        if s.kind not in ROUTING_KINDS:
+        if not t.is_routed:
             return False
         if s.measured_decision_time_s is not None:
             self._after(s.measured_decision_time_s, self._advance, t)

@@ -4,7 +4,7 @@ conversation with no prior context), generated from a seeded numpy Generator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -33,6 +33,8 @@ class Workload:
     """Per turn, trace prefix-block ids naming the prompt's KV blocks (Mooncake); or None."""
     hash_block_tokens: int = 512
     """Tokens per trace hash id."""
+    turn_is_named: np.ndarray | None = None
+    """bool [T]: the client names the turn's adapter, so no router runs (None: no turn does)."""
 
     @property
     def num_conversations(self) -> int:
@@ -49,6 +51,36 @@ class Workload:
         per_turn = self.turn_user_tokens + self.turn_reply_tokens
         grown = np.add.reduceat(per_turn, self.conv_first_turn)
         return int((grown + self.conv_initial_tokens).max())
+
+
+def with_named_share(rng: np.random.Generator, workload: Workload, share: float) -> Workload:
+    """`workload` with a share of its turns naming their adapter (drawn per turn)."""
+    if share <= 0:
+        return workload
+    return replace(workload, turn_is_named=rng.random(workload.num_turns) < share)
+
+
+def with_reply_scale(workload: Workload, scale: float) -> Workload:
+    """`workload` with every reply length multiplied by `scale` (at least one token)."""
+    if scale == 1:
+        return workload
+    scaled = np.maximum(1, np.rint(workload.turn_reply_tokens * scale)).astype(np.int64)
+    return replace(workload, turn_reply_tokens=scaled)
+
+
+def draw_lengths(rng: np.random.Generator, num: int, *, distribution: str, median: int,
+                 sigma: float = 0.8, samples: np.ndarray | None = None,
+                 max_tokens: int = 8192) -> np.ndarray:
+    """Output lengths: fixed at `median`, lognormal around it, or drawn from `samples`."""
+    if distribution == "fixed":
+        return np.full(num, median, dtype=np.int64)
+    if distribution == "lognormal":
+        raw = median * np.exp(sigma * rng.standard_normal(num))
+    elif distribution == "trace":
+        raw = rng.choice(np.asarray(samples), size=num)
+    else:
+        raise ValueError(f"distribution={distribution!r}; allowed: fixed, lognormal, trace")
+    return np.clip(np.rint(raw), 1, max_tokens).astype(np.int64)
 
 
 def single_turn_workload(arrival_s, prompt_tokens, output_tokens, domains,

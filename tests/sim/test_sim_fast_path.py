@@ -134,3 +134,13 @@ def test_fast_equals_reference_under_shared_kv_on_ced(kind):
     ref, fast = both_modes(config, conversations(5))
     assert ref.requests["num_replay_tokens"].sum() > 0
     assert_same_requests(ref, fast)
+
+
+@pytest.mark.parametrize("kind", ("mol", "mol2", "contextual_mol"))
+def test_fast_equals_reference_with_misroutes_and_named_turns(kind):
+    from sim.workloads import with_named_share
+    config = small_config(kind, max_num_seqs=8, strategy_fields={"routing_accuracy": 0.7})
+    workload = with_named_share(np.random.default_rng(6), conversations(3), 0.3)
+    ref, fast = both_modes(config, workload)
+    assert fast.summary["num_misroutes"] > 0
+    assert_same_requests(ref, fast)
