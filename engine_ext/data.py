@@ -1,10 +1,11 @@
 """Real text per domain, byte-tokenized, for training and evaluating the small CED model.
 
-Domains and where their text comes from (all on this machine or in ../shared/data):
+Domains and where their text comes from (all on this machine or in the repository's data/text):
 * code: the Python standard library source;
 * legal: license texts under /usr/share/common-licenses;
 * prose: the Python documentation shipped with the interpreter (`pydoc_data.topics`);
-* chat: user utterances of CLINC150 and BANKING77 (../shared/data/text), one per line.
+* chat: user utterances of CLINC150 and BANKING77, one per line: the full copies in
+  ../shared/data/text when present, else the repository's slices in data/text.
 """
 
 from __future__ import annotations
@@ -21,9 +22,19 @@ VOCAB_SIZE = 260
 DOMAINS = ("chat", "code", "legal", "prose")
 
 
-def shared_data_dir() -> Path:
-    """../shared/data relative to the repository (CI lays shared/ beside the clone too)."""
-    return Path(__file__).resolve().parents[2] / "shared" / "data"
+REPO_TEXT_DIR = Path(__file__).resolve().parents[1] / "data" / "text"
+"""Small slices of the labelled text with their licences (enough for the tests)."""
+
+
+def full_text_dir() -> Path:
+    """The team's full copies of the labelled text (../shared/data/text beside the repository)."""
+    return REPO_TEXT_DIR.parents[2] / "shared" / "data" / "text"
+
+
+def default_text_dir() -> Path:
+    """The full text when it is on this machine, else the repository's slices."""
+    full = full_text_dir()
+    return full if (full / "clinc150" / "data_full.json").exists() else REPO_TEXT_DIR
 
 
 def encode(text: str) -> list[int]:
@@ -61,11 +72,13 @@ def _prose_text(max_bytes: int) -> str:
 
 
 def _chat_text(max_bytes: int) -> str:
-    root = shared_data_dir() / "text"
+    root = default_text_dir()
     lines = []
-    clinc = root / "clinc150" / "data_full.json"
-    if clinc.exists():
-        lines += [u for u, _ in json.loads(clinc.read_text())["train"]]
+    for name in ("data_full.json", "data_slice.json"):
+        clinc = root / "clinc150" / name
+        if clinc.exists():
+            lines += [u for u, _ in json.loads(clinc.read_text())["train"]]
+            break
     banking = root / "banking77" / "train.csv"
     if banking.exists():
         with banking.open() as f:
