@@ -28,23 +28,116 @@ class ScenarioError(Exception):
         self.messages = messages
 
 
+MAX_FILE_BYTES = 1_000_000
+"""Largest scenario or spec file read (real ones are a few kB): a bigger one is refused by size,
+before it is read or parsed."""
+MAX_DEPTH = 50
+"""Deepest nesting of YAML collections accepted (scenarios nest about 5 deep)."""
+MAX_NODES = 100_000
+"""Most YAML nodes a document may expand to, aliases counted at every use (an alias bomb
+expands exponentially)."""
+MAX_SHOWN_CHARS = 120
+"""Longest value echoed in a message; longer ones are cut and their length given."""
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def shorten(value: object) -> str:
+    """`repr(value)`, cut to MAX_SHOWN_CHARS with the full length named."""
+    text = repr(value)
+    if len(text) <= MAX_SHOWN_CHARS:
+        return text
+    length = len(value) if isinstance(value, str) else len(text)
+    return f"{text[:MAX_SHOWN_CHARS]}... ({length} characters)"
+
+
+def read_text_file(path: Path, what: str = "scenario") -> str:
+    """A small UTF-8 text file, or a ScenarioError `FILE[:LINE]: cannot read: ...` (missing,
+    a folder, too big, undecodable bytes with their offset)."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ScenarioError([f"{path}: cannot read: {size} bytes; a {what} file is at most "
+                                 f"{MAX_FILE_BYTES} bytes"])
+        data = path.read_bytes()
+    except OSError as err:
+        raise ScenarioError([f"{path}: cannot read: {err.strerror or err}"]) from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ScenarioError([f"{path}:{line}: cannot read: byte 0x{data[err.start]:02x} at "
+                             f"offset {err.start} is not UTF-8 text"]) from None
+
+
 class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys and records the line of every key."""
+    """SafeLoader that refuses duplicate keys, non-scalar keys, deep nesting and huge alias
+    expansion, and records the line of every key."""
 
     def __init__(self, stream):
         super().__init__(stream)
         self.key_lines: dict[tuple, int] = {}
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"collections nested deeper than {MAX_DEPTH} levels",
+                    self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_yaml_int(self, node):
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"an integer of {len(node.value)} digits is too large",
+                node.start_mark) from None
+
+
+_LineLoader.add_constructor("tag:yaml.org,2002:int", _LineLoader.construct_yaml_int)
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Refuse a document whose aliases expand it past MAX_NODES nodes, at the first node (in
+    document order) that does."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        if id(node) not in sizes:
+            children = (node.value if isinstance(node, yaml.SequenceNode) else
+                        [n for pair in node.value for n in pair]
+                        if isinstance(node, yaml.MappingNode) else [])
+            sizes[id(node)] = 1 + sum(size(child) for child in children)
+            if sizes[id(node)] > MAX_NODES:
+                raise yaml.composer.ComposerError(
+                    None, None, f"aliases expand the document past {MAX_NODES} nodes",
+                    node.start_mark)
+        return sizes[id(node)]
+
+    size(root)
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode, deep: bool = False):
-    mapping = {}
+    explicit = {id(key) for key, _ in node.value if key.tag != _MERGE_TAG}
+    loader.flatten_mapping(node)  # `<<: *anchor` merge keys first; explicit keys override them
+    mapping, given = {}, set()
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
-        if key in mapping:
+        if not isinstance(key, typing.Hashable):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a mapping key must be a plain value, got a {type(key).__name__}",
+                key_node.start_mark)
+        if key in given and id(key_node) in explicit:
             first = loader.key_lines[(id(mapping), key)]
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first given on line {first})",
+                None, None, f"duplicate key {shorten(key)} (first given on line {first})",
                 key_node.start_mark)
+        if id(key_node) in explicit:
+            given.add(key)
         mapping[key] = loader.construct_object(value_node, deep=True)
         loader.key_lines[(id(mapping), key)] = key_node.start_mark.line + 1
     return mapping
@@ -53,18 +146,31 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode, deep: bool =
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+def _yaml_problem(err: yaml.YAMLError, text: str) -> tuple[str, str]:
+    """(line, problem) of a YAML error; a reader error (a forbidden character) has a position."""
+    if isinstance(err, yaml.reader.ReaderError):
+        line = text[: err.position].count("\n") + 1 if isinstance(err.position, int) else "?"
+        return str(line), (f"unacceptable character #x{err.character:04x}: control characters "
+                           "are not allowed")
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    return (f"{mark.line + 1}" if mark else "?"), getattr(err, "problem", None) or str(err)
+
+
 def parse_yaml(text: str, source: str) -> tuple[object, _LineIndex]:
     """Parse YAML text; raise ScenarioError on malformed input or duplicate keys."""
-    loader = _LineLoader(text)
+    loader = None
     try:
-        data = loader.get_single_data()
+        loader = _LineLoader(text)
+        node = loader.get_single_node()
+        if node is not None:
+            _check_expansion(node)
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-        line = f"{mark.line + 1}" if mark else "?"
-        problem = getattr(err, "problem", None) or str(err)
+        line, problem = _yaml_problem(err, text)
         raise ScenarioError([f"{source}:{line}: malformed YAML: {problem}"]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, _LineIndex(data, loader.key_lines)
 
 
@@ -146,7 +252,7 @@ def _format_error(err: dict, source: str, index: _LineIndex) -> list[str]:
             lines.append(f"{source}:{line}: {prefix}{problem}")
         return lines
     given = err.get("input")
-    shown = "" if isinstance(given, (dict, list)) else f" (given: {given!r})"
+    shown = "" if isinstance(given, (dict, list)) else f" (given: {shorten(given)})"
     return [f"{source}:{index.line_of(loc) or '?'}: {index.path_of(loc)}: {msg}{shown}"]
 
 
@@ -190,8 +296,5 @@ def anchor_paths(scenario: Scenario, folder: str | Path) -> Scenario:
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file; its relative paths resolve against its folder."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ScenarioError([f"{path}: cannot read: {err}"]) from None
+    text = read_text_file(path)
     return anchor_paths(scenario_from_text(text, str(path)), path.parent)

@@ -15,7 +15,14 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from planner.base import FrozenModel
-from planner.loading import ScenarioError, anchor_paths, parse_yaml, scenario_from_text
+from planner.loading import (
+    ScenarioError,
+    anchor_paths,
+    parse_yaml,
+    read_text_file,
+    scenario_from_text,
+    shorten,
+)
 from planner.points import content_digest
 from planner.scenario import Scenario
 
@@ -85,17 +92,13 @@ def _combinations(spec: SweepSpec) -> list[tuple[tuple[int, ...], dict]]:
 def load_sweep(path: str | Path) -> tuple[SweepSpec, list[tuple[str, dict, dict]]]:
     """Read a sweep spec and expand it: (spec, [(key, params, scenario dict)]), all validated."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ScenarioError([f"{path}: cannot read: {err}"]) from None
-    data, index = parse_yaml(text, str(path))
+    data, index = parse_yaml(read_text_file(path, "sweep spec"), str(path))
     try:
         spec = SweepSpec.model_validate(data)
     except ValidationError as err:
         raise ScenarioError([
             f"{path}:{index.line_of(tuple(e['loc'])) or '?'}: {index.path_of(tuple(e['loc']))}: "
-            f"{e['msg']} (given: {e.get('input')!r})" for e in err.errors()]) from None
+            f"{e['msg']} (given: {shorten(e.get('input'))})" for e in err.errors()]) from None
     if spec.combine == "zip" and len({len(p.values) for p in spec.parameters}) > 1:
         raise ScenarioError([f"{path}:{index.line_of(('parameters',)) or '?'}: parameters: "
                              "combine: zip needs the same number of values for every parameter"])
@@ -108,7 +111,7 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, list[tuple[str, dict, dict]
         try:
             scenario = _apply(base, params)
         except (KeyError, ValidationError) as err:
-            given = ", ".join(f"{f}={v!r}" for f, v in params.items())
+            given = ", ".join(f"{f}={shorten(v)}" for f, v in params.items())
             problems += [f"{path}:{index.line_of(('parameters',)) or '?'}: parameters: the point "
                          f"{given} gives an invalid scenario: {d}" for d in _details(err)]
             continue
@@ -147,7 +150,8 @@ def _single_value_problems(path: Path, index, spec: SweepSpec, base: dict) -> li
                 _apply(base, {param.field: value})
             except (KeyError, ValidationError) as err:
                 problems += [f"{path}:{line}: parameters.{p_i}.values.{v_i}: {param.field}="
-                             f"{value!r} gives an invalid scenario: {d}" for d in _details(err)]
+                             f"{shorten(value)} gives an invalid scenario: {d}"
+                             for d in _details(err)]
     return problems
 
 
@@ -155,10 +159,11 @@ def scenario_from_text_or_error(base_path: Path, spec_path: Path, index) -> dict
     """The base scenario as a complete plain dict, or a located error on the spec."""
     line = index.line_of(("scenario",)) or "?"
     try:
-        text = base_path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ScenarioError([f"{spec_path}:{line}: scenario: cannot read {base_path}: "
-                             f"{err.strerror}"]) from None
+        text = read_text_file(base_path)
+    except ScenarioError as err:
+        raise ScenarioError([f"{spec_path}:{line}: scenario: " + m.replace(
+            f"{base_path}: cannot read: ", f"cannot read {base_path}: ", 1)
+            for m in err.messages]) from None
     scenario = scenario_from_text(text, str(base_path))  # located errors on the base itself
     scenario = anchor_paths(scenario, base_path.parent)
     # Every default made explicit, so a sweep can set a field the base file leaves out.

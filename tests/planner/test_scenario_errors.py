@@ -239,7 +239,7 @@ def test_file_that_is_not_utf8(tmp_path):
     path = tmp_path / "latin1.yaml"
     path.write_bytes("name: caf\xe9\n".encode("latin-1"))
     [message] = messages_of(path)
-    assert message.startswith(f"{path}: ") and "cannot read" in message
+    assert message.startswith(f"{path}:1: cannot read: byte 0xe9 at offset 9")
 
 
 # ---- negative and absurd values ------------------------------------------------------------
