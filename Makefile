@@ -5,9 +5,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # The test environment carries every extra whose real parts the tests run.
-TEST_EXTRAS ?= test,engine,dist,vllm
+TEST_EXTRAS ?= test,engine,dist,vllm,app
 
-.PHONY: demo test lint clean
+.PHONY: demo test app browser lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,23 @@ $(VENV)/.test-installed: pyproject.toml Makefile | $(BIN)/python
 demo: $(VENV)/.core-installed
 	$(BIN)/molcap run scenarios/default.yaml
 
-test: $(VENV)/.test-installed
+test: $(VENV)/.test-installed browser
 	$(BIN)/python -m pytest
+
+# The dashboard's real-browser test drives Debian's chromium through chromedriver (never a
+# downloaded browser): installed with apt when running as root.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium chromium-driver; \
+	else echo "make test: the dashboard's browser test needs Debian's chromium and chromium-driver:" \
+	  "sudo apt-get install -y chromium chromium-driver (that test fails without them)" >&2; fi
+
+$(VENV)/.app-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[app]"
+	touch $@
+
+app: $(VENV)/.app-installed
+	$(BIN)/molcap app
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check planner sim calibrate engine_ext app tests bench

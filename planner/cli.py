@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -168,6 +171,32 @@ def sweep(
     if result.table_paths:
         console.print(f"table: {result.table_paths[0]} (and .csv)")
     _exit_if_points_failed(len(result.errors), result.num_points, [result.report_path])
+
+
+@app.command("app")
+def dashboard(
+    port: Annotated[int, typer.Option(help="Local port to serve on.")] = 8501,
+    address: Annotated[str, typer.Option(help="Address to bind.")] = "localhost",
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output root (runs and points).")] = Path(
+        "out"),
+):
+    """Start the what-if dashboard on a local port (Streamlit, the `app` extra)."""
+    if importlib.util.find_spec("streamlit") is None:  # found, not imported: planner stays light
+        _fail(["molcap app: streamlit is not installed; install the app extra: "
+               "pip install -e '.[app]' (or make app)"])
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "MOLCAP_OUT": str(out),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, "-m", "streamlit", "run", str(root / "app" / "main.py"),
+               "--server.port", str(port), "--server.address", address,
+               "--server.headless", "true", "--browser.gatherUsageStats", "false",
+               "--client.showSidebarNavigation", "false", "--client.toolbarMode", "minimal",
+               "--theme.base", "light"]
+    console.print(f"molcap dashboard on http://{address}:{port} (Ctrl-C stops it)")
+    try:
+        raise typer.Exit(subprocess.call(command, env=env))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
 
 
 if __name__ == "__main__":

@@ -75,7 +75,8 @@ def simulate_point(payload: dict) -> dict:
                for k, v in result.summary.items()}
     return dict(strategy=scenario.strategies[index].label, summary=summary,
                 turns=_json_rows(result.turns.head(MAX_TURN_ROWS)),
-                timeseries=_json_rows(result.timeseries), stats=result.stats)
+                timeseries=_json_rows(result.timeseries),
+                kv_by_namespace=_json_rows(result.kv_by_namespace), stats=result.stats)
 
 
 def scenario_tasks(scenario: Scenario, what: str) -> list[PointTask]:

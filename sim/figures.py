@@ -6,9 +6,42 @@ of strategy label to SimResult.
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+
+STRATEGY_COLORS = {
+    "base": "#7f7f7f", "multi_lora": "#1f77b4", "preft": "#ff7f0e", "preft_lora_p": "#ff7f0e",
+    "preft_direft_p": "#e7ba52", "mol": "#d62728", "contextual_mol": "#2ca02c",
+    "mol2": "#9467bd", "mol2_in_engine": "#9467bd", "mol2_outside_engine": "#c49cde",
+    "multi_agent": "#8c564b",
+}
+"""One colour per strategy label, the same in every chart of the report and the dashboard."""
+
+_OTHER_COLORS = ("#17becf", "#e377c2", "#bcbd22", "#393b79", "#637939", "#843c39", "#7b4173",
+                 "#3182bd", "#e6550d", "#31a354")
+
+
+def strategy_color(label: str) -> str:
+    """The colour of a strategy label: its own, its kind's (a label starting with a kind), or a
+    stable hash of the label, so a strategy keeps its colour across scenarios and pages."""
+    if label in STRATEGY_COLORS:
+        return STRATEGY_COLORS[label]
+    kinds = sorted((k for k in STRATEGY_COLORS if label.startswith(k)), key=len, reverse=True)
+    if kinds:
+        return STRATEGY_COLORS[kinds[0]]
+    return _OTHER_COLORS[zlib.crc32(label.encode()) % len(_OTHER_COLORS)]
+
+
+def strategy_colors(labels) -> dict[str, str]:
+    """Label -> colour for plotly express's `color_discrete_map`."""
+    return {str(label): strategy_color(str(label)) for label in labels}
+
+
+_METRIC_NAMES = {"ttft_s": "time to first token", "tpot_s": "time per output token",
+                 "e2e_s": "end-to-end latency per turn"}
 
 
 def combine(results: dict, table: str) -> pd.DataFrame:
@@ -28,9 +61,12 @@ def latency_cdf_figure(turns: pd.DataFrame, metric: str = "ttft_s") -> go.Figure
     for label, group in turns.groupby("strategy", sort=False):
         values = np.sort(group[metric].to_numpy())
         share = np.arange(1, values.size + 1) / max(values.size, 1)
-        fig.add_trace(go.Scatter(x=values, y=share, mode="lines", name=str(label)))
-    fig.update_layout(title=f"{metric} distribution per turn", xaxis_title=f"{metric} (s)",
-                      yaxis_title="share of turns", xaxis_type="log")
+        fig.add_trace(go.Scatter(x=values, y=share, mode="lines", name=str(label),
+                                 line_color=strategy_color(str(label))))
+    name = _METRIC_NAMES.get(metric, metric)
+    fig.update_layout(title=f"Distribution of {name}", xaxis_title=f"{name} (s, log)",
+                      yaxis_title="share of turns (CDF)", xaxis_type="log",
+                      yaxis_tickformat=".0%", legend_title_text="strategy")
     return fig
 
 
@@ -45,8 +81,9 @@ def hop_breakdown_figure(turns: pd.DataFrame) -> go.Figure:
     }).groupby("strategy", sort=False).mean()
     fig = go.Figure([go.Bar(name=phase, x=phases.index, y=phases[phase])
                      for phase in phases.columns])
-    fig.update_layout(barmode="stack", title="Where a turn's time goes (mean seconds)",
-                      yaxis_title="seconds")
+    fig.update_layout(barmode="stack", title="Where a turn's time goes (mean per turn)",
+                      yaxis_title="mean time per turn (s)", xaxis_title="strategy",
+                      legend_title_text="phase")
     return fig
 
 
@@ -58,8 +95,20 @@ def switch_cost_figure(turns: pd.DataFrame) -> go.Figure:
     fig = go.Figure([go.Bar(name="switch" if flag else "same domain", x=table.index,
                             y=table[flag]) for flag in table.columns])
     fig.update_layout(barmode="group", title="Time to first token after routing",
-                      yaxis_title="seconds")
+                      yaxis_title="mean time to first token after routing (s)",
+                      xaxis_title="strategy", legend_title_text="turn")
     return fig
+
+
+_SERIES_UNITS = {
+    "kv_blocks_used": "KV blocks in use (blocks)", "kv_blocks_cached": "KV blocks cached (blocks)",
+    "num_running": "running sequences (count)", "num_waiting": "waiting sequences (count)",
+    "batch_size": "batch size (sequences)",
+    "num_resident_adapters": "adapters in GPU slots (count)",
+    "num_adapter_loads": "adapter loads so far (count)",
+    "num_preemptions": "preemptions so far (count)",
+}
+"""Axis titles with units of the per-replica timeseries columns."""
 
 
 def timeseries_figure(timeseries: pd.DataFrame, column: str = "kv_blocks_used") -> go.Figure:
@@ -68,9 +117,14 @@ def timeseries_figure(timeseries: pd.DataFrame, column: str = "kv_blocks_used") 
     keys = ["strategy", "replica"] if "strategy" in timeseries else ["replica"]
     for key, group in timeseries.groupby(keys, sort=False):
         name = " / ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))
-        fig.add_trace(go.Scatter(x=group["time_s"], y=group[column], mode="lines", name=name))
-    fig.update_layout(title=column.replace("_", " "), xaxis_title="simulated time (s)",
-                      yaxis_title=column)
+        label = str(key[0] if isinstance(key, tuple) else key)
+        color = strategy_color(label) if "strategy" in timeseries else None
+        fig.add_trace(go.Scatter(x=group["time_s"], y=group[column], mode="lines", name=name,
+                                 line_color=color))
+    unit = _SERIES_UNITS.get(column, column.replace("_", " "))
+    fig.update_layout(title=unit[0].upper() + unit[1:] + " over time",
+                      xaxis_title="simulated time (s)", yaxis_title=unit,
+                      legend_title_text=" / ".join(keys))
     return fig
 
 
@@ -83,16 +137,38 @@ def kv_namespace_figure(kv_by_namespace: pd.DataFrame) -> go.Figure:
         fig.add_trace(go.Scatter(x=series.index.get_level_values("time_s"), y=series.values,
                                  mode="lines", stackgroup="kv", name=label))
     fig.update_layout(title="KV blocks held by running sequences, per copy",
-                      xaxis_title="simulated time (s)", yaxis_title="blocks")
+                      xaxis_title="simulated time (s)", yaxis_title="KV blocks (blocks)",
+                      legend_title_text="KV copy")
     return fig
 
 
 def throughput_figure(summary: pd.DataFrame) -> go.Figure:
     """Output tokens per second and goodput per strategy."""
+    colors = [strategy_color(str(s)) for s in summary["strategy"]]
     fig = go.Figure([
-        go.Bar(name="output tokens/s", x=summary["strategy"], y=summary["output_tokens_per_s"]),
-        go.Bar(name="goodput turns/s (x100)", x=summary["strategy"],
-               y=summary["goodput_turns_per_s"] * 100),
+        go.Bar(name="output tokens/s", x=summary["strategy"], y=summary["output_tokens_per_s"],
+               marker_color=colors, yaxis="y", offsetgroup=0),
+        go.Bar(name="goodput turns/s (right axis)", x=summary["strategy"],
+               y=summary["goodput_turns_per_s"], marker_color=colors, marker_pattern_shape="/",
+               yaxis="y2", offsetgroup=1),
     ])
-    fig.update_layout(barmode="group", title="Throughput and goodput")
+    fig.update_layout(barmode="group", title="Throughput and goodput (turns within the SLOs)",
+                      xaxis_title="strategy", yaxis_title="output tokens per second (tokens/s)",
+                      yaxis2=dict(title="goodput (turns/s)", overlaying="y", side="right",
+                                  rangemode="tozero"),
+                      legend=dict(orientation="h", y=1.12))
+    return fig
+
+
+def adapter_activity_figure(kv_by_namespace: pd.DataFrame) -> go.Figure:
+    """Which adapters hold KV on the GPU over time (blocks summed over replicas): a heatmap of
+    adapter copies (rows) by simulated time (columns); the shared copy is its own row."""
+    summed = kv_by_namespace.groupby(["namespace", "time_s"], sort=True)["blocks"].sum()
+    table = summed.unstack("time_s", fill_value=0)
+    labels = ["shared" if ns == -1 else f"adapter {ns}" for ns in table.index]
+    fig = go.Figure(go.Heatmap(z=table.to_numpy(), x=table.columns, y=labels,
+                               colorscale="Blues", colorbar_title="KV blocks",
+                               hovertemplate="%{y}<br>t=%{x:.1f} s<br>%{z} blocks<extra></extra>"))
+    fig.update_layout(title="Adapters holding KV on the GPU over time",
+                      xaxis_title="simulated time (s)", yaxis_title="KV copy")
     return fig

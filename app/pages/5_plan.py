@@ -1,0 +1,91 @@
+"""Capacity plan: the cheapest deployment per strategy within the SLOs, runner-ups, the Pareto
+front, and why a strategy has no plan. The search runs in a child process that can be
+cancelled; finished strategies are kept in the same store as `molcap run`."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import layout, state
+from planner.dashboard import PlanJob, PlanTables, stored_plan
+from planner.figures import pareto_figure, plan_figure
+
+JOB = "plan_job"
+PLAN_COLUMNS = ("strategy", "gpu", "num_gpus", "tensor_parallel_size", "num_replicas",
+                "cost_per_hour_usd", "cost_per_million_tokens_usd", "per_replica_rate_per_s",
+                "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "max_num_seqs", "max_loras")
+
+
+@st.fragment(run_every=1.0)
+def _progress(job: PlanJob) -> None:
+    done, total = job.progress()
+    st.progress(done / max(total, 1), text=f"capacity search: {done} of {total} strategies done "
+                "(finished ones are kept if you cancel)")
+    if st.button("Cancel the search", icon=":material/cancel:", key="plan_cancel"):
+        job.cancel()
+        st.rerun()
+    if not job.is_running:
+        st.rerun()
+
+
+def _controls(scenario) -> PlanJob | None:
+    job = st.session_state.get(JOB)
+    running = job is not None and job.is_running and job.scenario == scenario
+    if not running and st.button("Run the capacity search", type="primary",
+                                 icon=":material/play_arrow:", key="plan_run"):
+        if job is not None:
+            job.cancel()
+        job = st.session_state[JOB] = PlanJob(scenario, state.out_root())
+        running = True
+    if running:
+        _progress(job)
+    return job
+
+
+def _show(plan: PlanTables) -> None:
+    plans = plan.plans
+    feasible = plans[plans["is_feasible"].astype(bool)]
+    if not feasible.empty:
+        best = feasible.sort_values("cost_per_hour_usd").iloc[0]
+        st.success(f"Cheapest: {best['strategy']} on {int(best['num_gpus'])} x {best['gpu']} at "
+                   f"{best['cost_per_hour_usd']:,.2f} USD/h "
+                   f"({best['cost_per_million_tokens_usd']:.3f} USD per million tokens).")
+        st.plotly_chart(plan_figure(plans), width="stretch")
+        st.dataframe(feasible[[c for c in PLAN_COLUMNS if c in feasible]], hide_index=True,
+                     key="plan_table")
+    for row in plans[~plans["is_feasible"].astype(bool)].to_dict(orient="records"):
+        reasons = "\n".join(f"- {r}" for r in row["candidate_reasons"] if r)
+        st.warning(f"**{row['strategy']}: no plan.** Why, per candidate:\n\n{reasons}")
+    if not plan.trials.empty:
+        st.plotly_chart(pareto_figure(plan.trials), width="stretch")
+    if not plan.runner_ups.empty:
+        with st.expander(f"runner-ups ({len(plan.runner_ups)})"):
+            st.dataframe(plan.runner_ups, hide_index=True)
+    for key, error in plan.errors.items():
+        st.error(f"{key}: {error}")
+
+
+def main() -> None:
+    """The Capacity plan page."""
+    scenario, problems, whatif = layout.page("Capacity plan")
+    scenario = layout.require(scenario, problems)
+    st.title("Capacity plan")
+    if whatif is not None and len(whatif.strategies) < len(scenario.strategies):
+        scenario = scenario.model_copy(update=dict(strategies=whatif.strategies))
+    s = scenario.search
+    st.caption(f"Per strategy: the cheapest deployment over GPUs {list(s.gpus or [])} x TP "
+               f"{list(s.tensor_parallel_sizes or [])} (up to {s.max_num_replicas} replicas) "
+               f"that serves the workload's rate within the SLOs, by simulation "
+               f"({s.max_turns_per_evaluation} turns and {s.num_seeds} seeds a point). "
+               "`molcap run` computes the same plan and both reuse each other's results.")
+    _controls(scenario)
+    plan = stored_plan(scenario, state.out_root())
+    if plan.plans.empty:
+        st.info("No strategy has a finished plan for this scenario yet.")
+        return
+    if plan.num_missing:
+        st.caption(f"{plan.num_missing} strategies still without a finished plan.")
+    _show(plan)
+
+
+main()

@@ -1,0 +1,43 @@
+"""Calibration: which cost profile priced the numbers, and the predicted-vs-measured table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from app import layout
+from planner.dashboard import pricing
+
+VALIDATION_FILES = (Path("docs/validation.md"), Path("docs/validation.json"))
+
+
+def main() -> None:
+    """The Calibration page."""
+    scenario, problems, _ = layout.page("Calibration")
+    scenario = layout.require(scenario, problems)
+    st.title("Calibration")
+    priced = pricing(scenario)
+    if priced["profile"]:
+        st.success(f"Numbers priced by the fitted cost profile `{priced['profile']}`.")
+    else:
+        st.warning(f"Numbers priced by **assumed defaults** for {priced['gpu']} (no fitted "
+                   "profile named in `hardware.profile`): treat absolute times as estimates "
+                   "and compare strategies relative to each other.")
+    st.dataframe(priced["coefficients"], hide_index=True, key="coefficients")
+    st.subheader("Predicted vs measured")
+    md, js = (Path(__file__).resolve().parents[2] / p for p in VALIDATION_FILES)
+    if js.exists():
+        data = json.loads(js.read_text(encoding="utf-8"))
+        rows = data.get("rows", data) if isinstance(data, dict) else data
+        st.dataframe(pd.DataFrame(rows), hide_index=True, key="validation")
+    if md.exists():
+        st.markdown(md.read_text(encoding="utf-8"))
+    if not md.exists() and not js.exists():
+        st.info("No validation table yet (docs/validation.md): the simulator's predictions "
+                "have not been checked against measurements.")
+
+
+main()
