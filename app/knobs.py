@@ -15,6 +15,7 @@ from app import state
 from planner.capacity import gpu_specs
 from planner.dashboard import WHATIF_MAX_TURNS, select_strategies, whatif_cut
 from planner.editing import field_spec, field_value, num_adapters, set_field, set_num_adapters
+from planner.loading import ScenarioError
 from planner.scenario import Scenario
 
 WORKLOAD_KNOBS = {
@@ -73,15 +74,21 @@ def _sync(scenario: Scenario) -> None:
 
 def _write(path: str) -> None:
     value = st.session_state[KEY + path]
-    text = state.text()
-    if path == "hardware.tensor_parallel_size":
-        text = set_field(text, "hardware.num_gpus_per_replica", value)
-    state.open_text(set_field(text, path, value), state.source())
+    try:
+        text = state.text()
+        if path == "hardware.tensor_parallel_size":
+            text = set_field(text, "hardware.num_gpus_per_replica", value)
+        state.open_text(set_field(text, path, value), state.source())
+    except ScenarioError:
+        pass  # the text is not YAML: its located error is already shown; nothing to edit
 
 
 def _write_adapters() -> None:
-    state.open_text(set_num_adapters(state.text(), int(st.session_state[KEY + "adapters"])),
-                    state.source())
+    try:
+        text = set_num_adapters(state.text(), int(st.session_state[KEY + "adapters"]))
+    except ScenarioError:
+        return
+    state.open_text(text, state.source())
 
 
 def _field_errors(path: str, problems: list[str]) -> None:
@@ -90,17 +97,17 @@ def _field_errors(path: str, problems: list[str]) -> None:
             st.error(message, icon=None)
 
 
-def _number(scenario: Scenario, path: str, label: str, disabled: bool) -> None:
+def _number(scenario: Scenario, path: str, label: str) -> None:
     spec = field_spec(scenario, path)
     value = st.session_state.get(KEY + path)
     is_int = isinstance(value, int) and not isinstance(value, bool)
     low = spec.get("ge", spec.get("gt"))
     kwargs = dict(min_value=(int(low) if is_int else float(low)) if low is not None else None,
                   max_value=spec.get("le"), help=spec["description"], key=KEY + path,
-                  on_change=_write, args=(path,), disabled=disabled)
+                  on_change=_write, args=(path,))
     if path.endswith("probability"):
         st.slider(label, 0.0, 1.0, step=0.05, key=KEY + path, on_change=_write, args=(path,),
-                  help=spec["description"], disabled=disabled)
+                  help=spec["description"])
     elif is_int:
         st.number_input(label, step=1, **kwargs)
     else:
@@ -123,15 +130,20 @@ def scenario_picker_ui() -> None:
 
 
 def knobs_ui(scenario: Scenario | None, problems: list[str]) -> tuple[list[str], int]:
-    """The what-if knobs; returns the strategies to compare and the turns simulated each."""
-    disabled = scenario is None
-    if scenario is None:
-        st.warning("The scenario has errors (see the Scenario page); knobs are off.")
-        return [], WHATIF_MAX_TURNS
-    _sync(scenario)
+    """The what-if knobs; returns the strategies to compare and the turns simulated each. While
+    the text does not validate, the knobs keep the last valid scenario's shape and show the
+    located errors under the fields they concern."""
+    if scenario is not None:
+        st.session_state["_last_valid"] = scenario
+        _sync(scenario)
+    else:
+        st.error("The scenario does not validate (details on the Scenario page).")
+        scenario = st.session_state.get("_last_valid")
+        if scenario is None:
+            return [], WHATIF_MAX_TURNS
     st.subheader("Workload")
     for path, label in WORKLOAD_KNOBS[scenario.workload.kind]:
-        _number(scenario, path, label, disabled)
+        _number(scenario, path, label)
         _field_errors(path, problems)
     if num_adapters(scenario):
         st.number_input("domain adapters per strategy", 1, 64, step=1, key=KEY + "adapters",
@@ -146,7 +158,7 @@ def knobs_ui(scenario: Scenario | None, problems: list[str]) -> tuple[list[str],
                  key=KEY + "hardware.tensor_parallel_size", on_change=_write,
                  args=("hardware.tensor_parallel_size",))
     for path, label in HARDWARE_KNOBS:
-        _number(scenario, path, label, disabled)
+        _number(scenario, path, label)
     _field_errors("hardware", problems)
     st.subheader("Strategies")
     labels = st.multiselect("compare", [s.label for s in scenario.strategies],

@@ -214,11 +214,11 @@ def recommendation(scenario: Scenario, sim: SimTables, plan: PlanTables | None) 
         misses = {k: v for k, v in sim_violations(scenario, sim.summary).items() if v}
         num_ok = len(sim.summary) - len(misses)
         rate = _rate_text(scenario)
-        where = f"{hw.num_replicas} x {hw.num_gpus_per_replica} {hw.gpu_spec.name}"
+        replicas = f"{hw.num_replicas} replica" + ("s" if hw.num_replicas > 1 else "")
+        where = f"{replicas} of {hw.num_gpus_per_replica} x {hw.gpu_spec.name}"
+        missed = "; ".join(f"{k} ({', '.join(v)})" for k, v in misses.items())
         lines.append(f"At {rate} on {where}: {num_ok} of {len(sim.summary)} strategies meet "
-                     f"the SLOs" + (f"; {', '.join(misses)} miss them "
-                                    f"({'; '.join(misses[next(iter(misses))])})." if misses
-                                    else "."))
+                     f"the SLOs" + (f"; missing them: {missed}." if misses else "."))
         adapted = _adapter_strategies(scenario, sim.summary)
         if not adapted.empty:
             fast = adapted.sort_values("ttft_p99_s").iloc[0]

@@ -93,12 +93,18 @@ def pareto_figure(trials: pd.DataFrame) -> go.Figure:
     return fig.update_layout(**_LAYOUT)
 
 
+_PERCENTILE_NAMES = {"ttft_p50_s": "TTFT p50", "ttft_p99_s": "TTFT p99", "tpot_p50_s": "TPOT p50",
+                     "tpot_p99_s": "TPOT p99", "e2e_p50_s": "end-to-end p50",
+                     "e2e_p99_s": "end-to-end p99"}
+
+
 def sim_latency_figure(summary: pd.DataFrame) -> go.Figure:
     """p50 and p99 of TTFT, TPOT and end-to-end per strategy, from the simulation."""
     cols = [c for c in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s",
                         "e2e_p99_s") if c in summary.columns]
     long = summary.melt(id_vars=["strategy"], value_vars=cols, var_name="metric",
                         value_name="seconds")
+    long["metric"] = long["metric"].map(_PERCENTILE_NAMES)
     fig = px.bar(long, x="metric", y="seconds", color="strategy", barmode="group", log_y=True,
                  color_discrete_map=_colors(summary),
                  labels={"metric": "latency percentile", "seconds": "latency (s, log)"},

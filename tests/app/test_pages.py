@@ -1,0 +1,83 @@
+"""Every page of the dashboard under Streamlit's AppTest on the default scenario."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.app.conftest import no_exceptions, open_app, texts
+
+CHART_PAGES = {
+    "pages/2_latency.py": 5,
+    "pages/3_memory.py": 6,
+    "pages/4_switching.py": 5,
+}
+
+
+def _summary(at):
+    return at.dataframe[0].value.set_index("strategy")
+
+
+def test_overview_opens_on_the_default_scenario_with_results(in_workdir):
+    at = open_app()
+    no_exceptions(at)
+    assert at.title[0].value == "molcap what-if: default"
+    headline = texts(at.success) + texts(at.info)
+    assert any("strategies meet the SLOs" in line for line in headline), headline
+    summary = _summary(at)
+    assert len(summary) == 9 and (summary["turns_per_s"] > 0).all()
+    assert len(at.get("plotly_chart")) == 2
+
+
+def test_changing_a_knob_changes_the_text_and_the_results(in_workdir):
+    at = open_app()
+    before = _summary(at)
+    at.sidebar.number_input(key="knob:workload.arrival_rate_per_s").set_value(3.0).run()
+    no_exceptions(at)
+    assert "  arrival_rate_per_s: 3.0" in at.session_state["scenario_text"].splitlines()
+    assert "# Default scenario" in at.session_state["scenario_text"]  # comments kept
+    after = _summary(at)
+    assert after.loc["multi_lora", "turns_per_s"] > 1.3 * before.loc["multi_lora", "turns_per_s"]
+    assert any("At 3 conversations/s" in line for line in texts(at.success) + texts(at.info))
+
+
+def test_narrowing_the_strategies(in_workdir):
+    at = open_app()
+    at.sidebar.multiselect(key="knob:strategies").set_value(["multi_lora", "mol"]).run()
+    assert list(_summary(at).index) == ["multi_lora", "mol"]
+
+
+@pytest.mark.parametrize("page,num_charts", CHART_PAGES.items())
+def test_chart_pages_draw_their_charts(in_workdir, page, num_charts):
+    at = open_app(page)
+    no_exceptions(at)
+    assert len(at.get("plotly_chart")) >= num_charts
+
+
+def test_a_knob_value_the_scenario_rejects_shows_the_located_error_inline(in_workdir):
+    at = open_app()
+    at.sidebar.number_input(key="knob:workload.num_initial_context_tokens").set_value(
+        1_000_000).run()
+    no_exceptions(at)
+    inline = texts(at.sidebar.error)
+    assert any("scenarios/default.yaml:" in m and "workload.num_turns: requests reach" in m
+               for m in inline), inline
+    assert any("does not validate" in m for m in texts(at.error))
+
+
+def test_calibration_says_assumed_defaults_without_a_profile(in_workdir):
+    at = open_app("pages/8_calibration.py")
+    no_exceptions(at)
+    assert any("assumed defaults" in m for m in texts(at.warning))
+    table = at.dataframe[0].value
+    assert "gemm_flops_efficiency" in set(table["coefficient"])
+
+
+def test_compare_variants_shows_the_change(in_workdir):
+    at = open_app("pages/6_compare.py")
+    no_exceptions(at)
+    at.number_input(key="compare_value:workload.arrival_rate_per_s").set_value(2.0).run()
+    changes = at.dataframe[0].value
+    rate = changes[(changes["metric"] == "output_tokens_per_s")
+                   & (changes["strategy"] == "multi_lora")].iloc[0]
+    assert rate["after"] > 1.3 * rate["before"]
+    assert len(at.get("plotly_chart")) >= 4

@@ -1,0 +1,120 @@
+"""The Scenario, Capacity plan and Saved pages, and every shipped scenario, under AppTest."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from planner.run import run_scenario_file
+from planner.sweep_run import run_sweep
+from tests.app.conftest import ROOT, no_exceptions, open_app, texts
+
+TINY = """\
+name: {name}
+model: llama-3.1-8b
+hardware: {{gpu: H100-SXM}}
+engine: {{max_num_seqs: 16, max_loras: 2}}
+strategies:
+  - kind: multi_lora
+    adapters: [{{name: a, rank: 8}}, {{name: b, rank: 8}}]
+workload: {{kind: conversations, num_conversations: 10, num_turns: 2,
+  num_initial_context_tokens: 256, num_user_tokens: 32, num_reply_tokens: 32,
+  think_time_s: 1.0, arrival_rate_per_s: 2.0}}
+slo: {{ttft_p99_s: {ttft}}}
+search: {{gpus: [H100-SXM, H200], tensor_parallel_sizes: [1], num_seeds: 1,
+  max_turns_per_evaluation: 20, max_num_replicas: 4}}
+"""
+
+
+def _write(folder: Path, name: str, text: str) -> str:
+    (folder / "scenarios" / f"{name}.yaml").write_text(text, encoding="utf-8")
+    return f"scenarios/{name}.yaml"
+
+
+def _validate_cli(folder: Path, path: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-m", "planner.cli", "validate", path], cwd=folder,
+                          capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 2, done.stderr
+    return done.stderr.strip().splitlines()
+
+
+@pytest.mark.parametrize("broken", [
+    ("engine:\n  max_num_seqs: 64\n", "engine:\n  max_num_seqs: 0\n  max_num_sequences: 3\n"),
+    ("  arrival_rate_per_s: 0.5\n", "  arrival_rate_per_s: [0.5\n"),
+], ids=["bad fields", "malformed YAML"])
+def test_bad_yaml_shows_the_located_errors_exactly_as_molcap_validate(in_workdir, broken):
+    text = (in_workdir / "scenarios" / "default.yaml").read_text().replace(*broken)
+    path = _write(in_workdir, "broken", text)
+    expected = _validate_cli(in_workdir, path)
+    at = open_app()
+    at.sidebar.selectbox(key="picker").set_value(path).run()
+    at.switch_page("pages/1_scenario.py").run()
+    no_exceptions(at)
+    shown = texts(at.markdown)
+    assert expected and all(f"`{line}`" in shown for line in expected), (expected, shown)
+    assert any("problem(s)" in m for m in texts(at.error))
+    fixed = text.replace(broken[1], broken[0])
+    at.text_area(key="editor").set_value(fixed).run()
+    assert any(m.startswith("valid: 9 strategies") for m in texts(at.success))
+
+
+def test_an_infeasible_slo_shows_the_reason_per_candidate(in_workdir):
+    path = _write(in_workdir, "tiny_infeasible", TINY.format(name="tiny_infeasible", ttft=1e-6))
+    at = open_app("pages/5_plan.py", scenario=path)
+    no_exceptions(at)
+    at.button(key="plan_run").click().run()
+    job = at.session_state["plan_job"]
+    deadline = time.monotonic() + 180
+    while job.is_running and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not job.is_running
+    at.run()
+    no_exceptions(at)
+    warning = " ".join(texts(at.warning))
+    assert "multi_lora: no plan." in warning
+    for gpu in ("H100-SXM", "H200"):
+        assert f"{gpu} TP=1 max_num_seqs=16 max_loras=2: misses the SLOs" in warning, warning
+
+
+def test_a_search_can_be_cancelled_and_keeps_what_finished(in_workdir):
+    path = _write(in_workdir, "tiny_cancel", TINY.format(name="tiny_cancel", ttft=10))
+    at = open_app("pages/5_plan.py", scenario=path)
+    at.button(key="plan_run").click().run()
+    job = at.session_state["plan_job"]
+    assert job.is_running
+    at.button(key="plan_cancel").click().run()
+    assert not job.is_running
+    assert job.progress() == (0, 1)  # stopped before its one strategy finished
+
+
+def test_saved_runs_and_sweeps_are_browsed_without_recomputing(in_workdir):
+    out = in_workdir / "out"
+    path = _write(in_workdir, "tiny_ok", TINY.format(name="tiny_ok", ttft=10))
+    run_scenario_file(in_workdir / path, out, backend="inline")
+    spec = in_workdir / "scenarios" / "tiny_sweep.yaml"
+    spec.write_text("name: tiny_sweep\nscenario: tiny_ok.yaml\nparameters:\n"
+                    "  - {field: workload.num_reply_tokens, values: [16, 64]}\n")
+    run_sweep(spec, out, backend="inline")
+    at = open_app("pages/7_saved.py")
+    no_exceptions(at)
+    at.text_input(key="saved_path").set_value(str(out / "tiny_ok")).run()
+    no_exceptions(at)
+    assert len(at.get("plotly_chart")) >= 4  # plan, Pareto, throughput, CDF, comparisons
+    assert any("run at" in c for c in texts(at.caption))
+    at.text_input(key="saved_path").set_value(str(out / "tiny_sweep")).run()
+    no_exceptions(at)
+    assert at.selectbox(key="sweep_param").value == "workload.num_reply_tokens"
+    assert len(at.get("plotly_chart")) == 1
+
+
+@pytest.mark.parametrize("scenario", sorted(p.name for p in (ROOT / "scenarios").glob("*.yaml")))
+def test_every_shipped_scenario_opens(in_workdir, scenario):
+    at = open_app(scenario=f"scenarios/{scenario}")
+    no_exceptions(at)
+    summary = at.dataframe[0].value
+    assert len(summary) >= 1 and (summary["turns_per_s"] > 0).all()
