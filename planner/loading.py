@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from planner.router_cards import RouterCardProblem, apply_router_cards
 from planner.scenario import Scenario
 
 _PATH_PREFIX = re.compile(r"^[A-Za-z_]\w*(\.\w+)*: ")
@@ -256,18 +257,28 @@ def _format_error(err: dict, source: str, index: _LineIndex) -> list[str]:
     return [f"{source}:{index.line_of(loc) or '?'}: {index.path_of(loc)}: {msg}{shown}"]
 
 
-def scenario_from_text(text: str, source: str = "<string>") -> Scenario:
-    """Validate YAML text as a Scenario; raise ScenarioError with located messages."""
+def scenario_from_text(text: str, source: str = "<string>",
+                       folder: str | Path | None = None) -> Scenario:
+    """Validate YAML text as a Scenario; raise ScenarioError with located messages. Router
+    cards resolve against `folder` (default: the folder of `source` if it is a file, else the
+    working directory)."""
     data, index = parse_yaml(text, source)
     if not isinstance(data, dict):
         got = type(data).__name__
         raise ScenarioError([f"{source}:1: <top>: a scenario must be a mapping, got {got}"])
     try:
-        return Scenario.model_validate(data)
+        scenario = Scenario.model_validate(data)
     except ValidationError as err:
         errors = _without_echoes(err.errors())
         messages = [m for e in errors for m in _format_error(e, source, index)]
         raise ScenarioError(messages) from None
+    if folder is None:
+        folder = Path(source).parent if Path(source).is_file() else Path.cwd()
+    try:
+        return apply_router_cards(scenario, folder)
+    except RouterCardProblem as err:
+        raise ScenarioError([f"{source}:{index.line_of(err.loc)}: {index.path_of(err.loc)}: "
+                             f"{err}"]) from None
 
 
 def _without_echoes(errors: list[dict]) -> list[dict]:

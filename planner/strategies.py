@@ -95,6 +95,12 @@ class _RoutedStrategy(FrozenModel):
     """Accuracy by number of domains, e.g. [{num_domains: 4, accuracy: 0.97}, {num_domains: 16,
     accuracy: 0.9}]: read at the strategy's adapter count, linear between points and flat beyond
     the ends. Give this or router_accuracy, not both."""
+    router_card: str | None = Field(default=None, min_length=1)
+    """A router card file (JSON, from `python -m engine_ext.routers.train`; a relative path
+    resolves against the scenario file's folder): its measured accuracy per number of options
+    becomes router_accuracy_curve, and its decision work fills the routing fields this strategy
+    leaves unset (planner.router_cards). Its model, routing layer and options must be this
+    strategy's. Not together with router_accuracy or router_accuracy_curve."""
 
     @model_validator(mode="after")
     def _one_accuracy_source(self):
