@@ -207,14 +207,14 @@ class DecoderOnlyEngine:
         return positions, self.registry.context(names, positions.expand(b, t), lens)
 
     def forward(self, cache: DecoderCache, tokens: torch.Tensor, adapters,
-                *, prompt_len: int | None = None) -> torch.Tensor:
-        """tokens [B, T] at the next positions -> logits [B, T, V]."""
+                *, prompt_len: int | None = None, last_only: bool = False) -> torch.Tensor:
+        """tokens [B, T] at the next positions -> logits [B, T, V] ([B, 1, V] if last_only)."""
         positions, ctx = self._context(cache, adapters, tokens.shape[1], prompt_len)
         with forward_context(ctx):
             h = self._run_layers(self.hf.model.embed_tokens(tokens), cache, 0, len(self.layers),
                                  positions)
             cache.tokens = torch.cat([cache.tokens, tokens], dim=1)
-            return self.hf.lm_head(self.hf.model.norm(h))
+            return self.hf.lm_head(self.hf.model.norm(h[:, -1:] if last_only else h))
 
     def prefill_shared(self, cache: DecoderCache, tokens: torch.Tensor) -> torch.Tensor:
         """Layers 0..k only (adapter-free by placement) over tokens [B, T]; extends their KV and
@@ -233,8 +233,10 @@ class DecoderOnlyEngine:
         fresh = self.new_cache(cache.tokens.shape[0])
         return fresh, self.forward(fresh, cache.tokens, adapters)
 
-    def handoff_above(self, cache: DecoderCache, adapters) -> torch.Tensor:
-        """Keep layers 0..k, re-prefill layers k+1.. from the stored layer-k output; logits."""
+    def handoff_above(self, cache: DecoderCache, adapters, *,
+                      last_only: bool = False) -> torch.Tensor:
+        """Keep layers 0..k, re-prefill layers k+1.. from the stored layer-k output; logits
+        [B, P, V] ([B, 1, V] if last_only)."""
         k = self.route_layer
         if k is None or cache.boundary is None:
             raise ValueError("handoff_above needs an engine with route_layer and a prefilled cache")
@@ -244,7 +246,7 @@ class DecoderOnlyEngine:
         positions, ctx = self._context(self.new_cache(cache.tokens.shape[0]), adapters, p, None)
         with forward_context(ctx):
             h = self._run_layers(cache.boundary, cache, k + 1, len(self.layers), positions)
-            return self.hf.lm_head(self.hf.model.norm(h))
+            return self.hf.lm_head(self.hf.model.norm(h[:, -1:] if last_only else h))
 
     @torch.no_grad()
     def generate(self, prompt: list[int], adapter: str | None, *, max_new_tokens: int,

@@ -1,0 +1,67 @@
+"""Decision-time measurement and router-card assembly shared by the three routers."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from engine_ext.routers.datasets import RoutingSet, fingerprint
+from planner.router_card import DecisionTime, DecisionWork, Hardware, SettingResult
+
+BATCH_SIZE = 16
+NUM_TIMED = 30
+NUM_BATCHES = 6
+
+
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo (platform.processor() is often empty on Linux)."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware() -> Hardware:
+    """This machine, now."""
+    return Hardware(cpu=f"{cpu_name()} ({os.cpu_count()} cores)",
+                    num_threads=torch.get_num_threads(),
+                    load_average=tuple(round(x, 2) for x in os.getloadavg()))
+
+
+def measure(time_one: Callable[[int, int], float], num_items: int, includes: str) -> DecisionTime:
+    """time_one(item, batch) -> seconds for `batch` copies of item's decision.
+
+    Batch 1: NUM_TIMED items after two warm-up calls; batched: NUM_BATCHES batches of
+    BATCH_SIZE, per-request time = batch time / BATCH_SIZE.
+    """
+    time_one(0, 1), time_one(0, BATCH_SIZE)  # warm-up (allocator, first-call paths)
+    single = [1e3 * time_one(i % num_items, 1) for i in range(NUM_TIMED)]
+    batched = [1e3 * time_one(i % num_items, BATCH_SIZE) / BATCH_SIZE
+               for i in range(NUM_BATCHES)]
+    return DecisionTime(p50_ms=float(np.percentile(single, 50)),
+                        p99_ms=float(np.percentile(single, 99)),
+                        batched_p50_ms=float(np.percentile(batched, 50)),
+                        batched_p99_ms=float(np.percentile(batched, 99)),
+                        batch_size=BATCH_SIZE, num_requests=NUM_TIMED, includes=includes)
+
+
+def setting_result(routing_set: RoutingSet, num_test: int, accuracies: list[float],
+                   train_seconds: list[float], decision: DecisionTime,
+                   work: DecisionWork) -> SettingResult:
+    """One card row from the per-seed numbers."""
+    std = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
+    return SettingResult(setting=routing_set.name, num_options=len(routing_set.options),
+                         options=routing_set.options, num_test=num_test,
+                         accuracy_per_seed=tuple(accuracies),
+                         accuracy_mean=statistics.fmean(accuracies), accuracy_std=std,
+                         train_seconds_mean=statistics.fmean(train_seconds),
+                         decision=decision, work=work,
+                         data_fingerprint=fingerprint(routing_set))

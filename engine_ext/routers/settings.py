@@ -1,0 +1,26 @@
+"""The routing settings the routers are trained and measured on, with their fixed sizes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine_ext.routers.datasets import RoutingSet, banking77_set, clinc_sets, domains4_set
+
+DATA_SEED = 0
+"""Seed of the split subsampling (fixed: every router and training seed sees the same data)."""
+CLINC_PER_INTENT = {"train": 10, "val": 2, "test": 5}
+BANKING_PER_CLASS = {"train": 10, "val": 2, "test": 5}
+DOMAINS4_PER_DOMAIN = {"train": 100, "val": 20, "test": 50}
+
+
+def load_settings(text_dir: Path) -> dict[str, RoutingSet]:
+    """domains4, clinc_domains10, clinc_intents150 and banking77, by name."""
+    domains10, intents150 = clinc_sets(text_dir, CLINC_PER_INTENT, DATA_SEED)
+    sets = [domains4_set(DOMAINS4_PER_DOMAIN, DATA_SEED), domains10, intents150,
+            banking77_set(text_dir, BANKING_PER_CLASS, DATA_SEED)]
+    return {s.name: s for s in sets}
+
+
+def short_names(routing_set: RoutingSet) -> tuple[str, ...]:
+    """Option names as the per-query routers read them (Contextual MoL's pass, L0's prompt)."""
+    return tuple(o.replace("_", " ") for o in routing_set.options)
