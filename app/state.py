@@ -12,7 +12,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from planner.loading import ScenarioError, scenario_from_text
+from planner.loading import ScenarioError, anchor_paths, scenario_from_text
 from planner.scenario import Scenario
 
 DEFAULT_SCENARIO = "scenarios/default.yaml"
@@ -68,10 +68,17 @@ def source() -> str:
     return st.session_state[SOURCE]
 
 
+def validate(text: str, source: str) -> Scenario:
+    """`text` as `molcap validate` and `molcap run` would read it from `source`: located errors,
+    and relative paths (traces) resolved against the file's folder (scenarios/ for an upload)."""
+    folder = Path(source).parent if Path(source).is_file() else scenarios_dir()
+    return anchor_paths(scenario_from_text(text, source), folder)
+
+
 @st.cache_data(show_spinner=False, max_entries=64)
 def _validate(text: str, source: str) -> tuple[Scenario | None, list[str]]:
     try:
-        return scenario_from_text(text, source), []
+        return validate(text, source), []
     except ScenarioError as err:
         return None, err.messages
 

@@ -8,7 +8,7 @@ from app import compute, knobs, layout, state
 from planner.dashboard import COMPARED_METRICS, compare_summaries
 from planner.editing import field_value, set_field
 from planner.figures import variants_figure
-from planner.loading import ScenarioError, scenario_from_text
+from planner.loading import ScenarioError
 
 
 def _variant_ui(scenario) -> tuple[str, object]:
@@ -45,7 +45,7 @@ def main() -> None:
         return
     path, value = _variant_ui(scenario)
     try:
-        after_full = scenario_from_text(set_field(state.text(), path, value), state.source())
+        after_full = state.validate(set_field(state.text(), path, value), state.source())
     except ScenarioError as err:
         for message in err.messages:
             st.error(message)

@@ -21,6 +21,7 @@ def workdir(tmp_path_factory) -> Path:
     points (the store) are reused between its tests, as they are between app sessions."""
     folder = tmp_path_factory.mktemp("app")
     shutil.copytree(ROOT / "scenarios", folder / "scenarios")
+    (folder / "data").symlink_to(ROOT / "data")  # the traces scenarios name as ../data/...
     return folder
 
 

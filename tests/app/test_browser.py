@@ -47,6 +47,7 @@ def _wait_healthy(url: str, server: subprocess.Popen, timeout_s: float = 120) ->
 def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("browser")
     shutil.copytree(ROOT / "scenarios", folder / "scenarios")
+    (folder / "data").symlink_to(ROOT / "data")  # the traces scenarios name as ../data/...
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(
