@@ -79,7 +79,8 @@ def run_vidur(python: Path, workdir: Path, trace: Path) -> dict:
 def molcap_config():
     """The same deployment in molcap: Llama-2-70B geometry, 2x A100-80GB, base model."""
     from sim.catalogue import get_gpu, get_model
-    from sim.config import EngineLimits, SimConfig, StrategySpec
+    from sim.config import EngineLimits, SimConfig
+    from sim.testing import strategy_for
 
     arch = get_model("llama-3.1-70b").model_copy(update=dict(
         name="llama-2-70b", vocab_size=32000, max_context_tokens=4096))
@@ -88,7 +89,7 @@ def molcap_config():
                                          max_num_batched_tokens=MAX_BATCHED_TOKENS,
                                          block_size=16, gpu_memory_utilization=0.9,
                                          enable_prefix_caching=False),
-                     strategy=StrategySpec(kind="base", label="base"))
+                     strategy=strategy_for("base", "llama-3.1-70b"))
 
 
 def molcap_case(arrival_path: str) -> None:
