@@ -7,8 +7,8 @@ runs, so a bad value is reported against the spec line that produced it.
 
 from __future__ import annotations
 
-import copy
 import itertools
+import pickle
 from pathlib import Path
 from typing import Any, Literal
 
@@ -122,7 +122,7 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, list[tuple[str, dict, dict]
 
 
 def _apply(base: dict, params: dict) -> dict:
-    scenario = copy.deepcopy(base)
+    scenario = pickle.loads(pickle.dumps(base))  # a deep copy, several times faster
     for field_path, value in params.items():
         _set_path(scenario, field_path, value)
     Scenario.model_validate(scenario)

@@ -6,8 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import plotly.express as px
+import plotly.graph_objects as go
 
 from planner.analysis import strategy_summary
 from planner.points import PointStore, PointTask, progress_counter, run_points
@@ -22,6 +24,9 @@ from planner.report import (
 from planner.scenario import Scenario
 from planner.simulation import simulate_strategy
 from planner.sweep import SweepSpec, load_sweep
+
+MAX_DASH_VALUES = 4
+"""Values of the second swept parameter drawn as separate lines in one chart."""
 
 
 def evaluate_point(payload: dict) -> list[dict]:
@@ -66,14 +71,40 @@ def sweep_figures(table: pd.DataFrame, spec: SweepSpec) -> list:
                if c in table.columns]
     figures = []
     for param in spec.parameters:
+        others = [p.field for p in spec.parameters if p.field != param.field]
+        dash = others[0] if others else None
+        data, note = table.sort_values(param.field), ""
+        if dash is not None and data[dash].nunique() > MAX_DASH_VALUES:
+            # A line per value of a long second parameter is unreadable and slow to build.
+            values = np.sort(data[dash].unique())
+            kept = values[np.linspace(0, values.size - 1, MAX_DASH_VALUES).round().astype(int)]
+            data = data[data[dash].isin(kept)]
+            note = f" ({MAX_DASH_VALUES} of {values.size} values of {dash})"
         for metric in metrics:
-            others = [p.field for p in spec.parameters if p.field != param.field]
-            data = table.sort_values(param.field)
-            fig = px.line(data, x=param.field, y=metric, color="strategy", markers=True,
-                          line_dash=others[0] if others else None,
-                          title=f"{metric} vs {param.field}")
-            figures.append(fig.update_layout(template="plotly_white", height=380))
+            figures.append(_line_figure(data, param.field, metric, dash,
+                                        f"{metric} vs {param.field}{note}"))
     return figures
+
+
+def _line_figure(data: pd.DataFrame, x: str, y: str, dash: str | None, title: str) -> go.Figure:
+    """`y` vs `x`, a colour per strategy and a line style per value of `dash` (graph objects:
+    plotly express takes several times longer, and the report is built on one process)."""
+    colours, styles = px.colors.qualitative.Plotly, ("solid", "dash", "dot", "dashdot")
+    strategies = list(dict.fromkeys(data["strategy"]))
+    values = list(dict.fromkeys(data[dash])) if dash else [None]
+    traces = []
+    for strategy in strategies:
+        rows = data[data["strategy"] == strategy]
+        for v_i, value in enumerate(values):
+            line = rows if dash is None else rows[rows[dash] == value]
+            traces.append(go.Scatter(
+                x=line[x].to_numpy(), y=line[y].to_numpy(), mode="lines+markers",
+                name=strategy if dash is None else f"{strategy}, {dash}={value}",
+                legendgroup=strategy,
+                line=dict(color=colours[strategies.index(strategy) % len(colours)],
+                          dash=styles[v_i % len(styles)])))
+    return go.Figure(traces).update_layout(title=title, xaxis_title=x, yaxis_title=y,
+                                           template="plotly_white", height=380)
 
 
 def run_sweep(

@@ -5,6 +5,8 @@ All counts are numbers of weights (not bytes) for the whole model, before tensor
 
 from __future__ import annotations
 
+from collections import Counter
+
 from sim.specs import ModelArch
 
 
@@ -93,4 +95,8 @@ def module_shape(arch: ModelArch, module: str, layer: int) -> tuple[int, int]:
 
 def lora_weights_per_rank(arch: ModelArch, placements: list[tuple[int, str]]) -> int:
     """A and B weights per unit of rank over (layer, module) placements: sum of in + out."""
-    return sum(sum(module_shape(arch, module, layer)) for layer, module in placements)
+    # Shapes depend only on (dense or MoE layer, module): price each kind once, not each pair.
+    kinds = Counter((is_moe_layer(arch, layer), module) for layer, module in placements)
+    first_moe = arch.moe.num_dense_layers if arch.moe is not None else 0
+    return sum(count * sum(module_shape(arch, module, first_moe if moe else 0))
+               for (moe, module), count in kinds.items())

@@ -98,17 +98,33 @@ def test_cli_rejects_bad_spec_with_exit_2_and_no_traceback(tmp_path):
     assert "less than or equal to 1000000" in done.stderr
 
 
-def test_ray_run_equals_local_run_point_by_point(tmp_path):
-    pytest.importorskip("ray")
+def test_cluster_address_runs_the_same_sweep_as_local_processes(tmp_path, monkeypatch):
+    """A local Ray cluster (a head and a second node, one worker CPU each) reached by its
+    address, as a real cluster would be: the same call, point-by-point the same table."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
     spec = _spec(tmp_path, "parameters:\n"
                  "  - {field: analysis.num_turn_context_tokens, values: [1024, 8192]}\n"
                  "  - {field: engine.max_lora_rank, values: [16, 64]}\n")
     local = run_sweep(spec, tmp_path / "local", backend="local", num_workers=2)
-    ray = run_sweep(spec, tmp_path / "ray", backend="ray")
-    assert not local.errors and not ray.errors and len(local.table) == 8
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    # ray.init() would find a local cluster even without the address: check it is passed on.
+    addresses, init = [], ray.init
+    monkeypatch.setattr(ray, "init", lambda **kw: addresses.append(kw["address"]) or init(**kw))
+    try:
+        cluster.add_node(num_cpus=1)
+        on_ray = run_sweep(spec, tmp_path / "ray", backend="ray", ray_address=cluster.address)
+        assert addresses == [cluster.address]
+        nodes = [n for n in ray.nodes() if n["Alive"]]
+        assert len(nodes) == 2 and sum(n["Resources"].get("CPU", 0) for n in nodes) == 2
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    assert not local.errors and not on_ray.errors and len(local.table) == 8
     key = ["point", "strategy"]
     pd.testing.assert_frame_equal(local.table.sort_values(key).reset_index(drop=True),
-                                  ray.table.sort_values(key).reset_index(drop=True))
+                                  on_ray.table.sort_values(key).reset_index(drop=True))
     shutil.rmtree(tmp_path / "ray")
 
 
