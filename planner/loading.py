@@ -14,8 +14,10 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from planner.input_checks import trace_problems
 from planner.router_cards import RouterCardProblem, apply_router_cards
 from planner.scenario import Scenario
+from planner.workloads import TraceWorkload
 
 _PATH_PREFIX = re.compile(r"^[A-Za-z_]\w*(\.\w+)*: ")
 """Cross-field rules start each problem with the field path they are about: "a.b.0.c: ..."."""
@@ -257,11 +259,8 @@ def _format_error(err: dict, source: str, index: _LineIndex) -> list[str]:
     return [f"{source}:{index.line_of(loc) or '?'}: {index.path_of(loc)}: {msg}{shown}"]
 
 
-def scenario_from_text(text: str, source: str = "<string>",
-                       folder: str | Path | None = None) -> Scenario:
-    """Validate YAML text as a Scenario; raise ScenarioError with located messages. Router
-    cards resolve against `folder` (default: the folder of `source` if it is a file, else the
-    working directory)."""
+def _validated(text: str, source: str,
+               folder: str | Path | None = None) -> tuple[Scenario, _LineIndex]:
     data, index = parse_yaml(text, source)
     if not isinstance(data, dict):
         got = type(data).__name__
@@ -275,10 +274,30 @@ def scenario_from_text(text: str, source: str = "<string>",
     if folder is None:
         folder = Path(source).parent if Path(source).is_file() else Path.cwd()
     try:
-        return apply_router_cards(scenario, folder)
+        return apply_router_cards(scenario, folder), index
     except RouterCardProblem as err:
         raise ScenarioError([f"{source}:{index.line_of(err.loc)}: {index.path_of(err.loc)}: "
                              f"{err}"]) from None
+
+
+def scenario_from_text(text: str, source: str = "<string>",
+                       folder: str | Path | None = None) -> Scenario:
+    """Validate YAML text as a Scenario; raise ScenarioError with located messages. Router
+    cards resolve against `folder` (default: the folder of `source` if it is a file, else the
+    working directory)."""
+    return _validated(text, source, folder)[0]
+
+
+def scenario_from_file_text(text: str, source: str, folder: str | Path) -> Scenario:
+    """Validate the text of a scenario file that lives in `folder`: relative paths resolve
+    against it, and the files it names (the trace) are opened and checked as a run would."""
+    scenario, index = _validated(text, source, folder)
+    scenario = anchor_paths(scenario, folder)
+    if isinstance(scenario.workload, TraceWorkload):
+        problems = trace_problems(scenario, source, index.line_of(("workload", "path")))
+        if problems:
+            raise ScenarioError(problems)
+    return scenario
 
 
 def _without_echoes(errors: list[dict]) -> list[dict]:
@@ -292,20 +311,25 @@ def _without_echoes(errors: list[dict]) -> list[dict]:
 
 
 def anchor_paths(scenario: Scenario, folder: str | Path) -> Scenario:
-    """The scenario with its relative file paths (the trace) made absolute against `folder`,
-    the scenario file's own folder, so that it reads the same files from any working directory
-    and in any worker process."""
-    workload = scenario.workload
+    """The scenario with its relative file paths made absolute against `folder`, the scenario
+    file's own folder, so that it reads the same files from any working directory and in any
+    worker process: the trace always, an output-length trace when it lies there (otherwise the
+    shipped data folder is searched, as for the default)."""
+    workload, update = scenario.workload, {}
     trace_path = getattr(workload, "path", None)
-    if trace_path is None or Path(trace_path).is_absolute():
+    if trace_path is not None and not Path(trace_path).is_absolute():
+        update["path"] = str((Path(folder) / trace_path).resolve())
+    lengths = getattr(workload, "output_lengths", None)
+    near = Path(folder) / lengths.trace_path if lengths is not None else None
+    if near is not None and not Path(lengths.trace_path).is_absolute() and near.is_file():
+        update["output_lengths"] = lengths.model_copy(
+            update={"trace_path": str(near.resolve())})
+    if not update:
         return scenario
-    absolute = str((Path(folder) / trace_path).resolve())
-    return scenario.model_copy(
-        update={"workload": workload.model_copy(update={"path": absolute})})
+    return scenario.model_copy(update={"workload": workload.model_copy(update=update)})
 
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file; its relative paths resolve against its folder."""
     path = Path(path)
-    text = read_text_file(path)
-    return anchor_paths(scenario_from_text(text, str(path)), path.parent)
+    return scenario_from_file_text(read_text_file(path), str(path), path.parent)

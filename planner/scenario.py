@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from planner.base import FrozenModel
+from planner.input_checks import (
+    custom_gpu_problems,
+    longest_request_problems,
+    tensor_parallel_problem,
+)
 from planner.strategies import CED_KINDS, StrategyConfig
 from planner.workloads import ConversationWorkload, PunicaWorkload, WorkloadConfig
 from sim.catalogue import GPUS, MODELS
@@ -36,6 +41,15 @@ class HardwareConfig(FrozenModel):
     """How the request router picks a turn's replica: in turn; the one with the fewest
     outstanding requests; or affinity (the conversation's last replica, which holds its prefix,
     unless it is much busier, then one holding the adapter)."""
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _custom_gpu_numbers(cls, value):
+        if isinstance(value, dict):
+            problems = custom_gpu_problems(value)
+            if problems:
+                raise ValueError("\n".join(problems))
+        return value
 
     @model_validator(mode="after")
     def _tp_fits(self) -> HardwareConfig:
@@ -161,15 +175,15 @@ class SimulationConfig(FrozenModel):
 class SearchSpaceConfig(FrozenModel):
     """What the capacity search may vary; an unset list keeps the scenario's own value."""
 
-    gpus: tuple[str, ...] | None = None
+    gpus: tuple[str, ...] | None = Field(default=None, min_length=1)
     """Catalogue GPU kinds to try; None: the scenario's hardware.gpu."""
-    tensor_parallel_sizes: tuple[PositiveInt, ...] | None = None
+    tensor_parallel_sizes: tuple[PositiveInt, ...] | None = Field(default=None, min_length=1)
     """TP degrees to try (one replica spans this many GPUs); None: the scenario's."""
     max_num_replicas: int = Field(default=64, ge=1, le=100_000)
     """Largest scale-out considered."""
-    max_num_seqs: tuple[PositiveInt, ...] | None = None
+    max_num_seqs: tuple[PositiveInt, ...] | None = Field(default=None, min_length=1)
     """Batch limits to try; None: engine.max_num_seqs."""
-    max_loras: tuple[PositiveInt, ...] | None = None
+    max_loras: tuple[PositiveInt, ...] | None = Field(default=None, min_length=1)
     """GPU adapter slots to try; None: engine.max_loras."""
     num_seeds: int = Field(default=2, ge=1, le=100)
     """Seeds each point is simulated with; the plan reports the spread."""
@@ -182,15 +196,20 @@ class SearchSpaceConfig(FrozenModel):
 class AnalysisConfig(FrozenModel):
     """Grids of the analytical comparisons in the first report."""
 
-    context_tokens: tuple[PositiveInt, ...] = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+    context_tokens: tuple[PositiveInt, ...] = Field(
+        default=(512, 1024, 2048, 4096, 8192, 16384, 32768), min_length=1)
     """Context lengths for KV and switch-cost curves."""
-    adapters_visited: tuple[PositiveInt, ...] = (1, 2, 4, 8)
+    adapters_visited: tuple[PositiveInt, ...] = Field(
+        default=(1, 2, 4, 8), min_length=1)
     """Adapters a conversation visits, for KV per conversation."""
-    decode_tokens_per_turn: tuple[PositiveInt, ...] = (16, 64, 256, 1024, 4096)
+    decode_tokens_per_turn: tuple[PositiveInt, ...] = Field(
+        default=(16, 64, 256, 1024, 4096), min_length=1)
     """Reply lengths for routing overhead per turn."""
-    decision_every_tokens: tuple[PositiveInt, ...] = (16, 32, 64, 128, 256, 512)
+    decision_every_tokens: tuple[PositiveInt, ...] = Field(
+        default=(16, 32, 64, 128, 256, 512), min_length=1)
     """Routing every k decoded tokens (agent tool calls)."""
-    distinct_adapters: tuple[PositiveInt, ...] = (1, 2, 4, 8, 16, 32)
+    distinct_adapters: tuple[PositiveInt, ...] = Field(
+        default=(1, 2, 4, 8, 16, 32), min_length=1)
     """Distinct adapters in a decode batch."""
     decode_batch_size: int = Field(default=32, ge=1, le=65_536)
     """Decode batch for the step-time curve."""
@@ -257,7 +276,9 @@ class Scenario(FrozenModel):
     def _cross_field_rules(self) -> Scenario:
         problems = [*_catalogue_problems(self), *_strategy_problems(self)]
         if not problems:
-            problems = [*_context_problems(self), *_fit_problems(self)]
+            problems = [*_context_problems(self), *_parallel_problems(self)]
+        if not problems:
+            problems = _fit_problems(self) or _request_fit_problems(self)
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -352,7 +373,7 @@ def _fit_problems(s: Scenario) -> list[str]:
             continue
         seen.add(arch.name)
         mem = s.engine.memory(arch, gpu, tp, uses_lora=strategy.kind != "base")
-        if mem.num_kv_blocks < 1:
+        if mem.num_kv_blocks < 1 and mem.kv_pool_bytes <= 0:  # else: the block is too big
             gib = 2**30
             out.append(
                 f"hardware: model {arch.name!r} does not fit {gpu.name} at "
@@ -361,4 +382,38 @@ def _fit_problems(s: Scenario) -> list[str]:
                 f"{(mem.activation_bytes + mem.window_state_bytes) / gib:.1f} GiB activations "
                 f"of {mem.budget_bytes / gib:.1f} GiB usable, leaving no KV block; allowed: a "
                 f"larger tensor_parallel_size, a bigger GPU or a smaller model")
+    return out
+
+
+def _parallel_problems(s: Scenario) -> list[str]:
+    out = []
+    for arch in {s.strategy_arch(i).name: s.strategy_arch(i)
+                 for i in range(len(s.strategies))}.values():
+        problem = tensor_parallel_problem("hardware.tensor_parallel_size",
+                                          s.hardware.tensor_parallel_size, arch)
+        out += [problem] if problem else []
+        for j, tp in enumerate(s.search.tensor_parallel_sizes or ()):
+            problem = tensor_parallel_problem(f"search.tensor_parallel_sizes.{j}", tp, arch)
+            out += [problem] if problem else []
+    return out
+
+
+def _request_fit_problems(s: Scenario) -> list[str]:
+    """The longest request of a synthetic workload against the block, pool and prefill budget
+    (a trace's rows are checked when the file is read)."""
+    w = s.workload
+    if isinstance(w, PunicaWorkload):
+        field, longest = "workload.max_prompt_tokens", w.max_prompt_tokens + w.num_output_tokens
+        prompt = w.max_prompt_tokens
+    elif isinstance(w, ConversationWorkload):
+        field, longest = "workload.num_turns", w.num_final_context_tokens
+        prompt = longest
+    else:
+        return []
+    out: list[str] = []
+    for i, strategy in enumerate(s.strategies):
+        problems = longest_request_problems(
+            field, longest, prompt, s.engine, s.strategy_arch(i), s.hardware.gpu_spec,
+            s.hardware.tensor_parallel_size, uses_lora=strategy.kind != "base")
+        out += [p for p in problems if p not in out]
     return out

@@ -23,7 +23,8 @@ class AdapterConfig(FrozenModel):
     """Adapter name (the domain it serves)."""
     rank: int = Field(default=16, ge=1, le=1024)
     """LoRA rank r (or DiReFT edit rank)."""
-    target_modules: tuple[LoraModule, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    target_modules: tuple[LoraModule, ...] = Field(
+        default=("q_proj", "k_proj", "v_proj", "o_proj"), min_length=1)
     """Linear modules that carry the adapter (PEFT names)."""
     layers: tuple[int, ...] | None = None
     """Layers that carry the adapter; None: every layer of a decoder-only model, or on a CED model

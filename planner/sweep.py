@@ -17,10 +17,9 @@ from pydantic import Field, ValidationError
 from planner.base import FrozenModel
 from planner.loading import (
     ScenarioError,
-    anchor_paths,
     parse_yaml,
     read_text_file,
-    scenario_from_text,
+    scenario_from_file_text,
     shorten,
 )
 from planner.points import content_digest
@@ -164,7 +163,7 @@ def scenario_from_text_or_error(base_path: Path, spec_path: Path, index) -> dict
         raise ScenarioError([f"{spec_path}:{line}: scenario: " + m.replace(
             f"{base_path}: cannot read: ", f"cannot read {base_path}: ", 1)
             for m in err.messages]) from None
-    scenario = scenario_from_text(text, str(base_path))  # located errors on the base itself
-    scenario = anchor_paths(scenario, base_path.parent)
+    # Located errors on the base itself; its relative paths resolve against its own folder.
+    scenario = scenario_from_file_text(text, str(base_path), base_path.parent)
     # Every default made explicit, so a sweep can set a field the base file leaves out.
     return scenario.model_dump(mode="json")
