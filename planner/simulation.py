@@ -50,7 +50,6 @@ from sim.workloads import (
 )
 
 
-
 def _adapter_numbers(strategy, arch: ModelArch, tp: int) -> dict:
     """Adapter arithmetic, placements, per-GPU load bytes and the KV layout they imply."""
     adapters = getattr(strategy, "adapters", ())
@@ -112,6 +111,7 @@ def engine_limits(scenario: Scenario) -> EngineLimits:
         block_size=e.block_size, enable_chunked_prefill=e.enable_chunked_prefill,
         enable_prefix_caching=e.enable_prefix_caching,
         gpu_memory_utilization=e.gpu_memory_utilization, max_loras=e.max_loras,
+        kv_cache_memory_bytes=e.kv_cache_memory_bytes,
         max_cpu_loras=e.max_cpu_loras, max_lora_rank=e.max_lora_rank,
         num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
         mean_accepted_tokens=spec.mean_accepted_tokens if spec else 1.0)

@@ -9,13 +9,24 @@ from sim.specs import CedLayout, GpuSpec, ModelArch, MoeSpec
 
 _PRICE = "assumed: typical 2026 cloud on-demand list price per GPU-hour; set prices in the scenario"
 _PCIE = "PCIe Gen5 x16, one direction (PCI-SIG)"
+_REPORTED = "binary size the device reports to torch, GiB: "
+NON_TORCH_BYTES = 0.25 * 2**30
+_NON_TORCH = ("assumed: vLLM logs 'non_torch_memory takes 0.25GiB' on a TP=2 engine "
+              "(vllm-project/vllm#13061); grows with NCCL buffers at larger TP")
+CUDA_GRAPH_BYTES = 0.5 * 2**30
+_CUDA_GRAPHS = ("assumed: vLLM's CUDA-graph estimate (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, "
+                "on by default) is logged at about 0.3-1 GiB per GPU")
 
 
-def _gpu(name, tflops, hbm_gb, bw_tbs, nvlink_gbs, pcie_gbs, price, source):
+def _gpu(name, tflops, hbm_gb, bw_tbs, nvlink_gbs, pcie_gbs, price, source, reported):
+    reported_gib, reported_source = reported
     return GpuSpec(
         name=name,
         bf16_dense_flops=tflops * 1e12,
         hbm_bytes=hbm_gb * 1e9,
+        reported_memory_bytes=reported_gib * 2**30,
+        non_torch_memory_bytes=NON_TORCH_BYTES,
+        cuda_graph_memory_bytes=CUDA_GRAPH_BYTES,
         hbm_bandwidth_bytes_per_s=bw_tbs * 1e12,
         nvlink_bandwidth_bytes_per_s=nvlink_gbs * 1e9,
         pcie_bandwidth_bytes_per_s=pcie_gbs * 1e9,
@@ -23,6 +34,9 @@ def _gpu(name, tflops, hbm_gb, bw_tbs, nvlink_gbs, pcie_gbs, price, source):
         sources={
             "bf16_dense_flops": source,
             "hbm_bytes": source,
+            "reported_memory_bytes": reported_source,
+            "non_torch_memory_bytes": _NON_TORCH,
+            "cuda_graph_memory_bytes": _CUDA_GRAPHS,
             "hbm_bandwidth_bytes_per_s": source,
             "nvlink_bandwidth_bytes_per_s": f"{source}: bidirectional NVLink figure halved",
             "pcie_bandwidth_bytes_per_s": _PCIE if pcie_gbs == 64 else _PCIE.replace("5", "4"),
@@ -34,10 +48,16 @@ def _gpu(name, tflops, hbm_gb, bw_tbs, nvlink_gbs, pcie_gbs, price, source):
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in (
-        _gpu("H20", 148, 96, 4.0, 450, 64, 1.30, "NVIDIA H20 product brief"),
-        _gpu("H100-SXM", 989, 80, 3.35, 450, 64, 2.50, "NVIDIA H100 datasheet (SXM5)"),
-        _gpu("H200", 989, 141, 4.8, 450, 64, 3.50, "NVIDIA H200 datasheet (SXM)"),
-        _gpu("A100-80GB", 312, 80, 2.039, 300, 32, 1.60, "NVIDIA A100 datasheet (SXM4 80GB)"),
+        _gpu("H20", 148, 96, 4.0, 450, 64, 1.30, "NVIDIA H20 product brief",
+             (95.33, _REPORTED + "vLLM 0.19 on an H20 (97871 MiB in nvidia-smi), "
+              "vllm-project/aibrix issue reports")),
+        _gpu("H100-SXM", 989, 80, 3.35, 450, 64, 2.50, "NVIDIA H100 datasheet (SXM5)",
+             (79.11, _REPORTED + "torch OOM message on an H100 80GB under vLLM, "
+              "vllm-project/vllm#27508 (other drivers show 79.1-79.3)")),
+        _gpu("H200", 989, 141, 4.8, 450, 64, 3.50, "NVIDIA H200 datasheet (SXM)",
+             (139.80, _REPORTED + "torch OOM messages on H200 (139.80 GiB total capacity)")),
+        _gpu("A100-80GB", 312, 80, 2.039, 300, 32, 1.60, "NVIDIA A100 datasheet (SXM4 80GB)",
+             (79.35, _REPORTED + "torch OOM messages on A100 80GB (79.35 GiB total capacity)")),
         GpuSpec(
             name="cpu",
             bf16_dense_flops=0.2e12,

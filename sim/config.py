@@ -52,6 +52,8 @@ class EngineLimits(_Frozen):
     """Tokens a decode step emits on average (rounded to whole tokens per step)."""
     num_kv_blocks: int | None = Field(default=None, ge=1)
     """KV blocks per replica; None resolves them from the memory model as vLLM would."""
+    kv_cache_memory_bytes: float | None = Field(default=None, gt=0)
+    """Explicit KV pool per GPU (vLLM's kv_cache_memory_bytes); None: what the budget leaves."""
 
     @model_validator(mode="after")
     def _consistent(self) -> EngineLimits:

