@@ -37,6 +37,13 @@ class DecisionTime(FrozenModel):
     """Requests timed at batch 1."""
     includes: str = Field(min_length=1)
     """What the time covers (and what it leaves to the serving prefill)."""
+    p50_cpu_ms: float | None = Field(default=None, ge=0)
+    """Median CPU time of the deciding thread per request at batch 1 (one torch thread: the
+    compute itself, less sensitive than wall time to other jobs on a shared machine)."""
+    p99_cpu_ms: float | None = Field(default=None, ge=0)
+    """99th percentile CPU time per request at batch 1."""
+    batched_p50_cpu_ms: float | None = Field(default=None, ge=0)
+    """Median CPU time per request, batched."""
 
 
 class DecisionWork(FrozenModel):

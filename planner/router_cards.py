@@ -4,7 +4,7 @@
 routed strategy with `router_card`, the card is read and checked against the strategy (router
 kind, model, routing layer, options among the strategy's adapters), then the strategy is
 rebuilt with `router_accuracy_curve` from the card's settings and the decision-work fields the
-scenario left unset. The card's decision *times* were measured on its own hardware and model
+scenario left unset, and without the path (the loaded scenario is self-contained). The card's decision *times* were measured on its own hardware and model
 and are not copied: the simulator prices the decision work on the scenario's hardware.
 """
 
@@ -110,6 +110,8 @@ def apply_router_cards(scenario, folder: str | Path):
             fields = resolve_card(strategy, scenario.strategy_arch(i), Path(folder))
         except RouterCardProblem as err:
             raise RouterCardProblem(("strategies", i, "router_card"), str(err)) from None
-        data = strategy.model_dump(exclude_unset=True) | fields
+        # The loaded strategy carries the card's numbers instead of the path: it stands alone
+        # (dumped and loaded again anywhere, it is the same scenario).
+        data = strategy.model_dump(exclude_unset=True) | fields | {"router_card": None}
         strategies[i] = type(strategy).model_validate(data)
     return scenario.model_copy(update={"strategies": tuple(strategies)})

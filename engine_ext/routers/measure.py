@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -36,21 +37,33 @@ def hardware() -> Hardware:
                     load_average=tuple(round(x, 2) for x in os.getloadavg()))
 
 
+def _timed(time_one: Callable[[int, int], float], item: int, batch: int) -> tuple[float, float]:
+    """(wall, CPU) milliseconds per request of one call (CPU: this thread's time)."""
+    cpu = time.thread_time()
+    wall = time_one(item, batch)
+    return 1e3 * wall / batch, 1e3 * (time.thread_time() - cpu) / batch
+
+
 def measure(time_one: Callable[[int, int], float], num_items: int, includes: str) -> DecisionTime:
-    """time_one(item, batch) -> seconds for `batch` copies of item's decision.
+    """time_one(item, batch) -> wall seconds for `batch` copies of item's decision.
 
     Batch 1: NUM_TIMED items after two warm-up calls; batched: NUM_BATCHES batches of
-    BATCH_SIZE, per-request time = batch time / BATCH_SIZE.
+    BATCH_SIZE, per-request time = batch time / BATCH_SIZE. Wall and thread CPU time both.
     """
     time_one(0, 1), time_one(0, BATCH_SIZE)  # warm-up (allocator, first-call paths)
-    single = [1e3 * time_one(i % num_items, 1) for i in range(NUM_TIMED)]
-    batched = [1e3 * time_one(i % num_items, BATCH_SIZE) / BATCH_SIZE
-               for i in range(NUM_BATCHES)]
-    return DecisionTime(p50_ms=float(np.percentile(single, 50)),
-                        p99_ms=float(np.percentile(single, 99)),
-                        batched_p50_ms=float(np.percentile(batched, 50)),
-                        batched_p99_ms=float(np.percentile(batched, 99)),
-                        batch_size=BATCH_SIZE, num_requests=NUM_TIMED, includes=includes)
+    single = np.array([_timed(time_one, i % num_items, 1) for i in range(NUM_TIMED)])
+    batched = np.array([_timed(time_one, i % num_items, BATCH_SIZE)
+                        for i in range(NUM_BATCHES)])
+
+    def pct(values: np.ndarray, q: float) -> float:
+        return float(np.percentile(values, q))
+
+    return DecisionTime(p50_ms=pct(single[:, 0], 50), p99_ms=pct(single[:, 0], 99),
+                        batched_p50_ms=pct(batched[:, 0], 50),
+                        batched_p99_ms=pct(batched[:, 0], 99),
+                        batch_size=BATCH_SIZE, num_requests=NUM_TIMED, includes=includes,
+                        p50_cpu_ms=pct(single[:, 1], 50), p99_cpu_ms=pct(single[:, 1], 99),
+                        batched_p50_cpu_ms=pct(batched[:, 1], 50))
 
 
 def setting_result(routing_set: RoutingSet, num_test: int, accuracies: list[float],

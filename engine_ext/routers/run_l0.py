@@ -23,8 +23,8 @@ from planner.router_card import DecisionWork, SettingResult
 
 NUM_LAYERS, RANK = 4, 8
 """LoRA on every linear of layers 26-29: above the routing layer k = 25."""
-STEPS, BATCH, LR = 30, 8, 2e-3
-MAX_TRAIN, MAX_TEST = 160, 100
+STEPS, BATCH, LR = 24, 8, 2e-3
+MAX_TRAIN, MAX_TEST = 160, 60
 EVAL_NAME = "l0"
 
 

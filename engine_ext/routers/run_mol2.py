@@ -20,7 +20,7 @@ from engine_ext.routers.states import (
 from engine_ext.routing import PointerHead, mean_pool
 from planner.router_card import DecisionWork, SettingResult
 
-STEPS = 400
+STEPS = 150
 HEAD_SHAPE = {"d_head": 64, "num_heads": 4, "option_depth": 2}
 """The vLLM plugin's RouterConfig defaults, so a card's head loads there as is."""
 

@@ -117,14 +117,6 @@ def main(argv: list[str] | None = None) -> None:
     args.hardware = hardware()
     sets = load_settings(args.text_dir or default_text_dir())
     start = time.time()
-    if "contextual_ced" in args.routers:
-        from engine_ext.ced.engine import CEDEngine
-        from engine_ext.routers.run_contextual import ced_backbone
-        from engine_ext.train import DEFAULT_OUT, load_base
-
-        ced = CEDEngine(load_base(DEFAULT_OUT))
-        run_contextual(args, sets, ced_backbone(ced, DEFAULT_OUT / "model.safetensors"),
-                       "contextual-ced", "contextual_ced")
     if {"mol2", "contextual_smollm2", "l0"} & set(args.routers):
         from engine_ext.routers.run_contextual import smollm2_backbone
         from engine_ext.routers.states import load_route_engine
@@ -137,6 +129,14 @@ def main(argv: list[str] | None = None) -> None:
                            "contextual-smollm2", "contextual_smollm2")
         if "l0" in args.routers:
             run_l0(args, sets, engine, tokenizer)
+    if "contextual_ced" in args.routers:
+        from engine_ext.ced.engine import CEDEngine
+        from engine_ext.routers.run_contextual import ced_backbone
+        from engine_ext.train import DEFAULT_OUT, load_base
+
+        ced = CEDEngine(load_base(DEFAULT_OUT))
+        run_contextual(args, sets, ced_backbone(ced, DEFAULT_OUT / "model.safetensors"),
+                       "contextual-ced", "contextual_ced")
     print(f"done in {time.time() - start:.0f}s")
 
 

@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from planner.loading import ScenarioError, load_scenario
 from planner.router_card import RouterCardError, load_router_card
@@ -83,6 +84,15 @@ def test_mol_card_fills_accuracy_curve_and_unset_route_work(tmp_path):
     assert strategy.resolved_router_accuracy == pytest.approx(0.85)  # 4 adapters
     assert strategy.num_route_prompt_tokens == 60  # from the domains4 setting
     assert strategy.num_route_decode_tokens == 7  # set by the scenario: kept
+    assert strategy.router_card is None  # applied: the loaded scenario stands alone
+
+
+def test_a_loaded_scenario_with_a_card_round_trips(tmp_path):
+    scenario = load_scenario(write_case(tmp_path, card(), MOL))
+    again = tmp_path / "again" / "dumped.yaml"
+    again.parent.mkdir()
+    again.write_text(yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False))
+    assert load_scenario(again) == scenario
 
 
 def test_contextual_card_on_the_ced_routing_layer(tmp_path):

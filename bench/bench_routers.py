@@ -1,0 +1,117 @@
+"""The router table: accuracy, decision time and parameters per router and setting, from the cards.
+
+    python bench/bench_routers.py [--train [TRAIN ARGS...]] [--cards scenarios/router_cards]
+                                  [--out out/bench/routers.json]
+
+With --train it first runs `python -m engine_ext.routers.train` (the remaining arguments go to
+it; run it under `nice -n 10` on a shared machine), which trains every router with 5 seeds and
+writes one card per router; then it reads the cards, prints the table (markdown) and the MoL2
+mixed-vs-staged table, and writes the same rows as JSON. Accuracy is the test-split mean over
+seeds +- the sample standard deviation; times are per request on the card's hardware (wall, and
+the deciding thread's CPU time, which a loaded machine disturbs less).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from planner.router_card import RouterCard, load_router_card
+
+
+def card_rows(card: RouterCard) -> list[dict]:
+    """One flat row per setting of a card."""
+    rows = []
+    for s in card.settings:
+        d = s.decision
+        rows.append(dict(router=card.router, card=card.name, model=card.model,
+                         routing_layer=card.routing_layer, num_params=card.num_params,
+                         setting=s.setting, num_options=s.num_options, num_test=s.num_test,
+                         num_seeds=len(card.seeds), accuracy_mean=s.accuracy_mean,
+                         accuracy_std=s.accuracy_std, p50_ms=d.p50_ms, p99_ms=d.p99_ms,
+                         batched_p50_ms=d.batched_p50_ms, batch_size=d.batch_size,
+                         p50_cpu_ms=d.p50_cpu_ms, batched_p50_cpu_ms=d.batched_p50_cpu_ms,
+                         standalone_p50_ms=s.standalone.p50_ms if s.standalone else None,
+                         prefill_tokens=s.work.num_prefill_tokens,
+                         decode_tokens=s.work.num_decode_tokens,
+                         train_seconds=s.train_seconds_mean,
+                         load_average=card.hardware.load_average[0]))
+    return rows
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown table of the rows."""
+    head = ("| router | model (layer) | params | setting | options | test | accuracy (5 seeds) "
+            "| p50 / p99 ms | p50 CPU ms | batched p50 ms | out-of-engine p50 ms | work "
+            "(prefill+decode tok) | train s/seed | load |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        lines.append(
+            f"| {r['router']} | {r['model']} ({r['routing_layer']}) | {r['num_params']:,} | "
+            f"{r['setting']} | {r['num_options']} | {r['num_test']} | "
+            f"{100 * r['accuracy_mean']:.1f} +- {100 * r['accuracy_std']:.1f}% | "
+            f"{_ms(r['p50_ms'])} / {_ms(r['p99_ms'])} | {_ms(r['p50_cpu_ms'])} | "
+            f"{_ms(r['batched_p50_ms'])} (x{r['batch_size']}) | {_ms(r['standalone_p50_ms'])} | "
+            f"{r['prefill_tokens']}+{r['decode_tokens']} | {r['train_seconds']:.0f} | "
+            f"{r['load_average']:.1f} |")
+    return "\n".join(lines)
+
+
+def regime_rows(card: RouterCard) -> list[dict]:
+    """Mixed vs staged rows of a card (MoL2)."""
+    return [dict(regime=r.regime, setting=setting, accuracy_mean=statistics.fmean(accs),
+                 accuracy_std=statistics.stdev(accs) if len(accs) > 1 else 0.0)
+            for r in card.regimes for setting, accs in r.accuracy_per_seed.items()]
+
+
+def regime_table(rows: list[dict]) -> str:
+    """Markdown table: accuracy per regime and setting."""
+    settings = sorted({r["setting"] for r in rows})
+    lines = ["| regime | " + " | ".join(settings) + " |",
+             "|---|" + "---|" * len(settings)]
+    for regime in dict.fromkeys(r["regime"] for r in rows):
+        cells = {r["setting"]: r for r in rows if r["regime"] == regime}
+        lines.append(f"| {regime} | " + " | ".join(
+            f"{100 * cells[s]['accuracy_mean']:.1f} +- {100 * cells[s]['accuracy_std']:.1f}%"
+            for s in settings) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    train_args = None
+    if "--train" in argv:
+        at = argv.index("--train")
+        argv, train_args = argv[:at], argv[at + 1:]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cards", type=Path, default=Path("scenarios/router_cards"))
+    parser.add_argument("--out", type=Path, default=Path("out/bench/routers.json"))
+    args = parser.parse_args(argv)
+    if train_args is not None:
+        from engine_ext.routers.train import main as train
+
+        train(train_args + ["--cards", str(args.cards)])
+    cards = [load_router_card(p) for p in sorted(args.cards.glob("*.json"))]
+    if not cards:
+        print(f"no router cards in {args.cards}; run with --train", file=sys.stderr)
+        return 2
+    rows = [row for c in cards for row in card_rows(c)]
+    regimes = [row for c in cards for row in regime_rows(c)]
+    print(table(rows))
+    if regimes:
+        print("\nMoL2 training regimes (test accuracy):\n" + regime_table(regimes))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"routers": rows, "regimes": regimes}, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
