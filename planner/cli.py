@@ -109,6 +109,8 @@ def run(
     except KeyboardInterrupt:
         errors.print("interrupted: finished points are kept; run the same command to resume")
         raise typer.Exit(130) from None
+    except OSError as err:
+        _cannot_write(err)
     if problems:
         _fail(problems)
     _exit_if_points_failed(failed, total, reports)
@@ -138,6 +140,18 @@ def _print_plan(result) -> None:
 def _check_backend(backend: str) -> None:
     if backend not in ("local", "ray", "inline"):
         _fail([f"--backend: {backend!r} is not allowed; allowed: local, ray, inline"])
+    if backend == "ray":
+        try:
+            import ray  # noqa: F401 - only whether it imports
+        except ImportError as err:
+            _fail([f"--backend ray: Ray cannot be imported ({err}); install the dist extra: "
+                   "pip install -e '.[dist]', or use --backend local"])
+
+
+def _cannot_write(err: OSError) -> None:
+    """A disk error while writing results: one line, exit 2 (what was written is kept)."""
+    where = err.filename or "the output folder"
+    _fail([f"{where}: cannot write: {err.strerror or err}; points written before it are kept"])
 
 
 @app.command()
@@ -164,6 +178,8 @@ def sweep(
     except KeyboardInterrupt:
         errors.print("interrupted: finished points are kept; run the same command to resume")
         raise typer.Exit(130) from None
+    except OSError as err:
+        _cannot_write(err)
     console.print(f"{len(result.table)} rows, {len(result.errors)} failed points")
     for key, message in result.errors.items():
         errors.print(f"point {key} failed: {message}", markup=False)

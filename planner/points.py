@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import traceback
 from collections.abc import Callable, Iterable
@@ -20,6 +21,8 @@ from typing import Any
 
 import sim.version
 from planner.report import write_atomic
+
+log = logging.getLogger("molcap")
 
 PointFn = Callable[[dict], dict]
 """A top-level (picklable) function: point payload -> JSON-able result."""
@@ -51,15 +54,41 @@ class PointStore:
         return self.folder / f"{key}.json"
 
     def load(self, key: str) -> dict | None:
-        """The stored record of `key`, or None when absent or unreadable (then it reruns)."""
+        """The stored record of `key`, or None when absent, unreadable or of the wrong shape
+        (then it reruns; a damaged file is named in a warning)."""
+        path = self.path(key)
         try:
-            return json.loads(self.path(key).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
             return None
+        except (OSError, ValueError) as err:
+            log.warning("%s: unreadable point file (%s); recomputing it", path, err)
+            return None
+        problem = _shape_problem(record, key)
+        if problem:
+            log.warning("%s: %s; recomputing it", path, problem)
+            return None
+        return record
 
     def save(self, key: str, record: dict) -> None:
         """Write a record atomically (a crash mid-write leaves the old state, never half a file)."""
         write_atomic(self.path(key), json.dumps(record, default=str).encode("utf-8"))
+
+
+def _shape_problem(record, key: str) -> str | None:
+    """Why a stored record (valid JSON) is not a point record, or None."""
+    if not isinstance(record, dict):
+        return f"a point record is a JSON object, got {type(record).__name__}"
+    if record.get("key", key) != key:
+        return f"it holds point {record.get('key')!r}"
+    status = record.get("status")
+    if status == "ok" and not isinstance(record.get("result"), (dict, list)):
+        return "status 'ok' without a result object"
+    if status == "error" and not isinstance(record.get("error"), str):
+        return "status 'error' without an error message"
+    if status not in ("ok", "error"):
+        return f"status {status!r} is neither 'ok' nor 'error'"
+    return None
 
 
 def progress_counter(total: int, on_progress: Callable[[int, int], None] | None):

@@ -37,8 +37,11 @@ def files_under(root: Path) -> set[Path]:
     return {p for p in root.rglob("*") if p.is_file()}
 
 
-def molcap(*args: str, cwd: Path, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
-    """The CLI in a subprocess (this checkout's code), output captured as text."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", "NO_COLOR": "1"}
+def molcap(*args: str, cwd: Path, timeout: float = 300, path_first: Path | None = None,
+           **kwargs) -> subprocess.CompletedProcess:
+    """The CLI in a subprocess (this checkout's code), output captured as text; `path_first`
+    goes on PYTHONPATH before the checkout (to shadow a package)."""
+    pythonpath = os.pathsep.join(str(p) for p in (path_first, REPO) if p is not None)
+    env = {**os.environ, "PYTHONPATH": pythonpath, "COLUMNS": "200", "NO_COLOR": "1"}
     return subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout, **kwargs)

@@ -176,6 +176,7 @@ def test_chunked_prefill_off_needs_a_budget_for_the_longest_prompt(tmp_path):
 
 
 def test_a_scenario_without_an_arrival_rate_is_valid(tmp_path):
-    text = BASE.replace("num_gpus_per_replica: 4, tensor_parallel_size: 4", "num_gpus_per_replica: 1")
+    text = BASE.replace("num_gpus_per_replica: 4, tensor_parallel_size: 4",
+                        "num_gpus_per_replica: 1")
     scenario = load_scenario(scenario_file(tmp_path, text + "workload: {kind: punica}\n"))
     assert scenario.workload.arrival_rate_per_s is None
