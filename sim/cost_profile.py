@@ -47,6 +47,10 @@ class CostProfile:
     adapter_kind: Literal["lora", "direft", "none"]
     adapter_rank: int
     adapter_weights_prefix: np.ndarray  # float [L+1]: prefix sum of adapter weights per unit rank
+    lora_slices_prefix: np.ndarray  # int [L+1]: prefix count of module slices the engine wraps
+    lora_wrapped_in_prefix: np.ndarray  # float [L+1]: prefix sum of wrapped slices' in-features
+    lora_wrapped_out_prefix: np.ndarray  # float [L+1]: prefix sum of their out-features
+    direft_layers_prefix: np.ndarray  # int [L+1]: prefix count of layers a DiReFT adapter edits
     num_head_params: int
 
 
@@ -76,12 +80,30 @@ def _adapter_weights_per_layer(
     return weights
 
 
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Linear modules vLLM wraps with LoRA on every layer when no target_modules limit is set."""
+
+
+def _wrapped_widths(arch: ModelArch, placements) -> tuple[np.ndarray, ...]:
+    """Per layer: wrapped slice count, summed in-features, summed out-features."""
+    count, width_in, width_out = (np.zeros(arch.num_layers) for _ in range(3))
+    for layer, module in placements:
+        d_in, d_out = module_shape(arch, module, layer)
+        count[layer] += 1
+        width_in[layer] += d_in
+        width_out[layer] += d_out
+    return count, width_in, width_out
+
+
 def create_cost_profile(
     arch: ModelArch, gpu: GpuSpec, tensor_parallel_size: int = 1, *,
     adapter_kind: Literal["lora", "direft", "none"] = "none", adapter_rank: int = 0,
     adapter_placements: list[tuple[int, str]] = (), num_head_params: int = 0,
+    lora_wrapped_placements: list[tuple[int, str]] | None = None,
 ) -> CostProfile:
-    """Precompute the per-layer arrays for `predict_step`."""
+    """Precompute the per-layer arrays for `predict_step`. `lora_wrapped_placements` are the
+    (layer, module) slices the engine's LoRA path runs for every token (None: every module of
+    `LORA_MODULES` on every layer, as vLLM wraps them)."""
     layers = np.arange(arch.num_layers)
     moe = np.array([is_moe_layer(arch, int(i)) for i in layers], dtype=float)
     shared = 0
@@ -97,6 +119,11 @@ def create_cost_profile(
     tp = tensor_parallel_size
     kv_layer = kv_bytes_per_token_per_layer(arch) * kv_replication(arch, tp)
     adapter_weights = _adapter_weights_per_layer(arch, adapter_kind, list(adapter_placements))
+    if lora_wrapped_placements is None:
+        lora_wrapped_placements = [(i, m) for i in range(arch.num_layers) for m in LORA_MODULES]
+    num_slices, width_in, width_out = _wrapped_widths(arch, lora_wrapped_placements)
+    edited = np.zeros(arch.num_layers, bool)
+    edited[[layer for layer, _ in adapter_placements]] = adapter_kind == "direft"
     return CostProfile(
         num_layers=arch.num_layers, gpu=gpu, tp=tp, weight_dtype_bytes=arch.weight_dtype_bytes,
         hidden_size=arch.hidden_size, dense_params_per_layer=dense.astype(float),
@@ -116,5 +143,9 @@ def create_cost_profile(
         window_tokens=ced.sliding_window_tokens if ced else 0,
         adapter_kind=adapter_kind, adapter_rank=adapter_rank,
         adapter_weights_prefix=np.concatenate([[0.0], np.cumsum(adapter_weights)]),
+        lora_slices_prefix=_prefix(num_slices),
+        lora_wrapped_in_prefix=np.concatenate([[0.0], np.cumsum(width_in)]),
+        lora_wrapped_out_prefix=np.concatenate([[0.0], np.cumsum(width_out)]),
+        direft_layers_prefix=_prefix(edited),
         num_head_params=num_head_params,
     )

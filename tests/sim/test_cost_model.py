@@ -53,6 +53,7 @@ CED_ARCH = ModelArch(name="unit-ced", num_layers=4, **DIMS, ced=CED)
 UNIT = CostCoeffs(
     gemm_flops_efficiency=1, attention_flops_efficiency=1, lora_flops_efficiency=1,
     memory_bandwidth_efficiency=1, lora_launch_overhead_s=0, lora_per_adapter_overhead_s=0,
+    direft_layer_overhead_s=0,
     routing_overhead_s=0, communication_efficiency=1, communication_latency_s=0,
     step_overhead_s=0, per_sequence_overhead_s=0,
 )
@@ -242,6 +243,55 @@ def test_direft_edits_the_residual_once_per_layer():
     cost = step(ARCH, profile, new=[1], ctx=[5], adapter_ids=[0])
     assert cost.direft_s == approx(2.56e-8)
     assert cost.lora_s == 0.0
+
+
+# ---- the engine's LoRA path (vLLM wraps every module of every layer) -----------------------
+# Module shapes of the tiny model (in, out): q 8x8, k 8x4, v 8x4, o 8x8, gate 8x16, up 8x16,
+# down 16x8: per layer 7 slices, in-features 64, out-features 64; 14 slices over 2 layers.
+
+def test_lora_slice_launches_are_paid_per_wrapped_slice_and_layer():
+    coeffs = UNIT.model_copy(update={"lora_slice_launch_s": 1e-6})
+    cost = step(ARCH, lora_profile(), coeffs, new=[1], ctx=[100], adapter_ids=[0])
+    assert cost.lora_s == approx(3.52e-8 + 14e-6)
+    # A step through layer 1 only launches layer 1's 7 slices.
+    upper = step(ARCH, lora_profile(), coeffs, new=[1], ctx=[100], adapter_ids=[0],
+                 first_layer=[1])
+    assert upper.lora_s == approx(3.52e-8 + 7e-6)  # the adapter is still read whole
+
+
+def test_token_gather_prices_every_token_and_skips_the_shrink_without_adapted_tokens():
+    coeffs = UNIT.model_copy(update={"lora_token_gather_share": 1.0})
+    # LoRA_P decode-only step, 2 unadapted tokens: only the expand gathers, out-features
+    # 64 x 2 layers x 2 tokens x rank 4 x 2 bytes = 2048 bytes -> 2.048e-7 s.
+    decode = step(ARCH, lora_profile(), coeffs, new=[1, 1], ctx=[5, 5], adapter_ids=[0, 1],
+                  is_adapted=[False, False])
+    assert decode.lora_s == approx(2.048e-7)
+    # One adapted token makes the shrink run too: in + out = 128 per layer -> 4096 bytes, plus
+    # the adapted token's own roofline read (3.52e-8).
+    mixed = step(ARCH, lora_profile(), coeffs, new=[1, 1], ctx=[5, 5], adapter_ids=[0, 1],
+                 is_adapted=[True, False])
+    assert mixed.lora_s == approx(4.096e-7 + 3.52e-8)
+    # A base-model profile has no LoRA path at all.
+    base = step(ARCH, None, coeffs, new=[1, 1], ctx=[5, 5])
+    assert base.lora_s == 0.0
+
+
+def test_direft_is_priced_by_edited_layers_positions_and_adapters_not_as_lora():
+    coeffs = UNIT.model_copy(update={"direft_layer_overhead_s": 1e-6,
+                                     "lora_launch_overhead_s": 1.0,
+                                     "lora_slice_launch_s": 1.0})
+    profile = lora_profile("direft", ((0, "q_proj"), (1, "o_proj")))
+    one = step(ARCH, profile, coeffs, new=[1], ctx=[5], adapter_ids=[0])
+    assert one.direft_s == approx(2.56e-8 + 2 * 1e-6)  # 2 edited layers, 1 adapter
+    assert one.lora_s == 0.0  # none of LoRA's launches or gathers
+    two = step(ARCH, profile, coeffs, new=[1, 1], ctx=[5, 5], adapter_ids=[0, 1])
+    assert two.direft_s == approx(2 * 2.56e-8 + 4 * 1e-6)
+    # DiReFT_P decode positions are not edited: nothing to pay.
+    decode = step(ARCH, profile, coeffs, new=[1], ctx=[5], adapter_ids=[0], is_adapted=[False])
+    assert decode.direft_s == 0.0
+    only_layer0 = lora_profile("direft", ((0, "q_proj"),))
+    assert step(ARCH, only_layer0, coeffs, new=[1], ctx=[5], adapter_ids=[0]).direft_s == approx(
+        1.28e-8 + 1e-6)
 
 
 # ---- replay, routing, communication, overhead ----------------------------------------------
