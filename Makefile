@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # The test environment carries every extra whose real parts the tests run.
-TEST_EXTRAS ?= test,engine,dist,vllm,app
+TEST_EXTRAS ?= test,engine,dist,vllm,app,calibrate
 
 .PHONY: demo test app browser lint clean
 

@@ -37,6 +37,10 @@ def _exit_if_points_failed(failed: int, total: int, reports: list[Path]) -> None
                      "them", markup=False)
         raise typer.Exit(FAILED_POINTS_EXIT)
 
+from planner.calibrate_cli import app as calibrate_app  # noqa: E402 - after the app it joins
+
+app.add_typer(calibrate_app, name="calibrate")
+
 
 def _fail(messages: list[str]) -> None:
     for message in messages:

@@ -215,9 +215,9 @@ def _unwrap(annotation) -> list:
     return [annotation]
 
 
-def allowed_keys(loc: tuple) -> list[str] | None:
+def allowed_keys(loc: tuple, root: type[BaseModel] = Scenario) -> list[str] | None:
     """Field names accepted at the model that `loc` (a pydantic error location) points into."""
-    candidates: list = [Scenario]
+    candidates: list = [root]
     for part in loc[:-1]:
         nxt = []
         for cand in candidates:
@@ -234,11 +234,12 @@ def allowed_keys(loc: tuple) -> list[str] | None:
     return sorted({name for m in models for name in m.model_fields}) if models else None
 
 
-def _format_error(err: dict, source: str, index: _LineIndex) -> list[str]:
+def _format_error(err: dict, source: str, index: _LineIndex,
+                  root: type[BaseModel] = Scenario) -> list[str]:
     loc = tuple(err["loc"])
     msg = re.sub(r"^(Value|Assertion) error, ", "", err["msg"])
     if err["type"] == "extra_forbidden":
-        keys = allowed_keys(loc)
+        keys = allowed_keys(loc, root)
         msg = f"unknown key {loc[-1]!r}" + (f"; allowed keys: {keys}" if keys else "")
         return [f"{source}:{index.line_of(loc) or '?'}: {index.path_of(loc)}: {msg}"]
     if err["type"] == "value_error" and _PATH_PREFIX.match(msg):
@@ -262,15 +263,7 @@ def _format_error(err: dict, source: str, index: _LineIndex) -> list[str]:
 def _validated(text: str, source: str,
                folder: str | Path | None = None) -> tuple[Scenario, _LineIndex]:
     data, index = parse_yaml(text, source)
-    if not isinstance(data, dict):
-        got = type(data).__name__
-        raise ScenarioError([f"{source}:1: <top>: a scenario must be a mapping, got {got}"])
-    try:
-        scenario = Scenario.model_validate(data)
-    except ValidationError as err:
-        errors = _without_echoes(err.errors())
-        messages = [m for e in errors for m in _format_error(e, source, index)]
-        raise ScenarioError(messages) from None
+    scenario = _validate_model(Scenario, data, source, index, "a scenario")
     if folder is None:
         folder = Path(source).parent if Path(source).is_file() else Path.cwd()
     try:
@@ -288,6 +281,25 @@ def scenario_from_text(text: str, source: str = "<string>",
     return _validated(text, source, folder)[0]
 
 
+def model_from_text(model: type[BaseModel], text: str, source: str, what: str):
+    """Validate YAML text as `model` (a cost profile, ...); ScenarioError with located
+    messages on any problem."""
+    data, index = parse_yaml(text, source)
+    return _validate_model(model, data, source, index, what)
+
+
+def _validate_model(model: type[BaseModel], data, source: str, index: _LineIndex, what: str):
+    if not isinstance(data, dict):
+        got = type(data).__name__
+        raise ScenarioError([f"{source}:1: <top>: {what} must be a mapping, got {got}"])
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        errors = _without_echoes(err.errors())
+        messages = [m for e in errors for m in _format_error(e, source, index, model)]
+        raise ScenarioError(messages) from None
+
+
 def scenario_from_file_text(text: str, source: str, folder: str | Path) -> Scenario:
     """Validate the text of a scenario file that lives in `folder`: relative paths resolve
     against it, and the files it names (the trace) are opened and checked as a run would."""
@@ -297,6 +309,9 @@ def scenario_from_file_text(text: str, source: str, folder: str | Path) -> Scena
         problems = trace_problems(scenario, source, index.line_of(("workload", "path")))
         if problems:
             raise ScenarioError(problems)
+    from planner.profiles import check_named_profile  # reads profile files through this module
+
+    check_named_profile(scenario, text, source, Path(folder))
     return scenario
 
 

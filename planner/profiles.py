@@ -1,10 +1,21 @@
-"""Resolve one strategy of a scenario into what the cost model needs: model, GPU, profile."""
+"""Resolve one strategy of a scenario into what the cost model needs: model, GPU, profile, and
+the coefficients that price it (a fitted profile file, or the assumed defaults).
+
+Fitted profiles live in `calibrate/profiles/<name>.yaml` (written by `molcap calibrate fit`).
+A scenario names one in `hardware.profile`; without one, a GPU kind with a shipped profile
+(`DEFAULT_PROFILES`) uses it and every other kind the assumed `sim.cost_model` defaults.
+`pricing_sources(scenario)` says which priced each strategy (the report and dashboard show it).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
+from planner.loading import ScenarioError, model_from_text, parse_yaml
 from planner.scenario import Scenario
+from sim.calibration_profile import CalibrationProfile
 from sim.cost_model import CostCoeffs, default_coeffs
 from sim.cost_profile import CostProfile, create_cost_profile
 from sim.placement import KvLayout, adapter_placements, kv_layout
@@ -61,6 +72,137 @@ def create_strategy_costing(
         num_head_params=getattr(strategy, "num_head_params", 0),
     )
     window = getattr(strategy, "replay_window_tokens", None) or profile.window_tokens
-    return StrategyCosting(strategy.label, strategy.kind, arch, gpu, tp, profile,
-                           coeffs or default_coeffs(gpu), window,
+    if coeffs is None:
+        coeffs = (resolve_pricing(scenario).coeffs if gpu.name == scenario.hardware.gpu_spec.name
+                  else _gpu_default(gpu).coeffs)
+    return StrategyCosting(strategy.label, strategy.kind, arch, gpu, tp, profile, coeffs, window,
                            kv_layout(arch, strategy.kind, every))
+
+
+PROFILES_DIR = Path(__file__).resolve().parents[1] / "calibrate" / "profiles"
+"""Shipped fitted profiles."""
+DEFAULT_PROFILES = {"cpu": "cpu-vllm-tiny-llama"}
+"""GPU kind -> shipped profile used when a scenario names none."""
+
+
+@dataclass(frozen=True)
+class PricingSource:
+    """What priced one strategy's steps."""
+
+    coeffs: CostCoeffs
+    profile: CalibrationProfile | None
+    """The fitted profile, or None for assumed defaults."""
+    path: Path | None
+    is_default: bool
+    """True when the scenario named no profile (a shipped default, or assumed coefficients)."""
+
+    def describe(self) -> str:
+        """One line for reports: which profile, measured where, with what error."""
+        if self.profile is None:
+            return "assumed coefficients (sim.cost_model.DEFAULT_COEFFS; no fitted profile)"
+        p = self.profile
+        test = [r for r in p.fit.errors if r.split == "test" and r.group == "all"]
+        error = f", held-out step MAPE {test[0].mape:.1%}" if test else ""
+        how = "shipped default for " + p.hardware.gpu if self.is_default else "named"
+        return (f"profile {p.name} ({how}; {p.engine.name} {p.engine.version} on "
+                f"{p.model}, fitted {p.created_utc[:10]}{error})")
+
+
+def profile_path(ref: str, base_dir: Path | None = None) -> Path:
+    """File of a profile reference: a name in PROFILES_DIR, or a path (relative to
+    `base_dir`, then the working directory)."""
+    if "/" not in ref and not ref.endswith((".yaml", ".yml")):
+        return PROFILES_DIR / f"{ref}.yaml"
+    path = Path(ref)
+    if not path.is_absolute() and base_dir is not None and (base_dir / path).exists():
+        return base_dir / path
+    return path
+
+
+@lru_cache(maxsize=64)
+def _load_cached(path: str, mtime_ns: int) -> CalibrationProfile:
+    text = Path(path).read_text(encoding="utf-8")
+    return model_from_text(CalibrationProfile, text, path, what="a cost profile")
+
+
+def load_profile(path: str | Path) -> CalibrationProfile:
+    """Read and validate a profile file; ScenarioError with FILE:LINE: field messages."""
+    path = Path(path)
+    try:
+        mtime = path.stat().st_mtime_ns
+    except OSError as err:
+        known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+        raise ScenarioError([f"{path}: cannot read cost profile: {err.strerror}; shipped "
+                             f"profiles: {known}"]) from None
+    return _load_cached(str(path), mtime)
+
+
+def profile_mismatches(profile: CalibrationProfile, scenario: Scenario) -> list[str]:
+    """Why `profile` cannot price `scenario` (model, GPU, engine version), naming both sides."""
+    out = []
+    gpu = scenario.hardware.gpu_spec.name
+    if profile.hardware.gpu != gpu:
+        out.append(f"profile {profile.name!r} was measured on GPU {profile.hardware.gpu!r}, "
+                   f"the scenario runs on {gpu!r}")
+    models = sorted({scenario.strategy_arch(i).name for i in range(len(scenario.strategies))})
+    for model in models:
+        if model != profile.model:
+            out.append(f"profile {profile.name!r} was measured on model {profile.model!r}, "
+                       f"the scenario serves {model!r}")
+    version = scenario.engine.version
+    if version is not None and version != profile.engine.version:
+        out.append(f"profile {profile.name!r} was measured on {profile.engine.name} "
+                   f"{profile.engine.version}, the scenario's engine.version is {version!r}")
+    return out
+
+
+def _gpu_default(gpu) -> PricingSource:
+    default = DEFAULT_PROFILES.get(gpu.name)
+    if default is None or not profile_path(default).exists():
+        return PricingSource(default_coeffs(gpu), None, None, True)
+    path = profile_path(default)
+    profile = load_profile(path)
+    return PricingSource(profile.coefficients, profile, path, True)
+
+
+def resolve_pricing(scenario: Scenario, base_dir: Path | None = None, *,
+                    strict: bool = False) -> PricingSource:
+    """The coefficients that price `scenario`: its named profile (checked against its model,
+    GPU and engine version), else the GPU kind's shipped profile, else assumed defaults. A
+    named profile prices only its own GPU kind: a search trying other kinds prices those with
+    their defaults, unless `strict` (loading a scenario), where that is an error too."""
+    gpu = scenario.hardware.gpu_spec
+    ref = scenario.hardware.profile
+    if ref is None:
+        return _gpu_default(gpu)
+    path = profile_path(ref, base_dir)
+    profile = load_profile(path)
+    if not strict and profile.hardware.gpu != gpu.name:
+        return _gpu_default(gpu)
+    problems = profile_mismatches(profile, scenario)
+    if problems:
+        raise ScenarioError([f"hardware.profile: {p}; allowed: a profile measured on the "
+                             f"scenario's model, GPU and engine (molcap calibrate profile ...)"
+                             for p in problems])
+    return PricingSource(profile.coefficients, profile, path, False)
+
+
+def pricing_sources(scenario: Scenario, base_dir: Path | None = None) -> dict[str, str]:
+    """Strategy label -> the line saying which profile (or assumed default) prices it."""
+    source = resolve_pricing(scenario, base_dir).describe()
+    return {strategy.label: source for strategy in scenario.strategies}
+
+
+def check_named_profile(scenario: Scenario, text: str, source: str, base_dir: Path) -> None:
+    """Located errors when the scenario's `hardware.profile` is unreadable, invalid, or for
+    another model, GPU or engine version (`load_scenario` calls this)."""
+    if scenario.hardware.profile is None:
+        return
+    try:
+        resolve_pricing(scenario, base_dir, strict=True)
+    except ScenarioError as err:
+        line = parse_yaml(text, source)[1].line_of(("hardware", "profile"))
+        where = f"{source}:{line}: "
+        raise ScenarioError([where + (m if m.startswith("hardware.profile:")
+                                      else f"hardware.profile: {m}")
+                             for m in err.messages]) from None

@@ -37,6 +37,10 @@ class HardwareConfig(FrozenModel):
     """Tensor-parallel degree inside a replica."""
     num_replicas: int = Field(default=1, ge=1, le=100_000)
     """Replicas behind the request router."""
+    profile: str | None = Field(default=None, min_length=1)
+    """Fitted cost profile that prices the steps: a name in calibrate/profiles/ or a YAML path
+    (relative to the scenario file); None: the GPU kind's shipped profile if it has one
+    (`cpu`), else assumed coefficients. The report names which one priced every number."""
     router: Literal["round_robin", "least_outstanding", "affinity"] = "least_outstanding"
     """How the request router picks a turn's replica: in turn; the one with the fewest
     outstanding requests; or affinity (the conversation's last replica, which holds its prefix,
@@ -122,6 +126,9 @@ class EngineConfig(FrozenModel):
     """Adapters cached in host memory."""
     max_lora_rank: int = 16
     """Largest adapter rank; LoRA buffers are preallocated at this rank."""
+    version: str | None = Field(default=None, min_length=1)
+    """Engine version the plan is for (vLLM's, e.g. "0.32.0"); a named cost profile measured
+    on another version is refused. None: any."""
     disaggregation: DisaggregationConfig | None = None
     """Prefill/decode disaggregation; None runs both phases on every replica."""
     speculative: SpeculativeConfig | None = None

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from planner.profiles import resolve_pricing
 from planner.scenario import Scenario
 from planner.workloads import (
     ConversationWorkload,
@@ -28,7 +29,6 @@ from sim.config import (
     SimConfig,
     StrategySpec,
 )
-from sim.cost_model import default_coeffs
 from sim.memory_model import LORA_DTYPE_BYTES
 from sim.model_shapes import lora_weights_per_rank
 from sim.placement import adapter_placements, kv_layout
@@ -197,7 +197,7 @@ def simulate_strategy(
     config = SimConfig(
         arch=scenario.strategy_arch(strategy_index), gpu=hw.gpu_spec,
         tensor_parallel_size=hw.tensor_parallel_size, engine=engine_limits(scenario),
-        strategy=strategy, coeffs=default_coeffs(hw.gpu_spec),
+        strategy=strategy, coeffs=resolve_pricing(scenario, scenario_dir).coeffs,
         cluster=ClusterSpec(num_replicas=replicas, router=router or hw.router,
                             disaggregation=disagg),
         bounds=bounds or SimBounds(**scenario.simulation.model_dump()), seed=run_seed, mode=mode)

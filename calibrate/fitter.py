@@ -1,0 +1,186 @@
+"""Least-squares fit of cost-model coefficients to measured step samples.
+
+`fit(samples, model_terms, profiles, start=...) -> FitResult` moves the named `CostCoeffs` fields
+(inside the ranges their pydantic fields allow) so that `sim.cost_model.predict_step` matches
+the measured step seconds: relative residuals, a soft-L1 loss (a step slowed by another process
+on this shared machine must not drag the fit), scipy's trust-region reflective solver. The
+result carries each coefficient's standard error and, per sample group, MAPE and R² on the
+fitting samples and on held-out ones. The simulator itself never imports this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from annotated_types import Ge, Gt, Le
+from scipy.optimize import least_squares
+
+from calibrate.recorder import StepSample
+from sim.cost_model import CostCoeffs, predict_step
+from sim.cost_profile import CostProfile
+
+DEFAULT_TERMS = (
+    "gemm_flops_efficiency", "attention_flops_efficiency", "memory_bandwidth_efficiency",
+    "step_overhead_s", "per_sequence_overhead_s",
+)
+"""Coefficients every engine profile fits."""
+LORA_TERMS = ("lora_flops_efficiency", "lora_launch_overhead_s", "lora_per_adapter_overhead_s",
+              "lora_slice_launch_s", "lora_token_gather_share")
+"""Coefficients of the LoRA path (fitted when LoRA samples are present)."""
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """Fitted coefficients and how well they explain the samples."""
+
+    coeffs: CostCoeffs
+    terms: tuple[str, ...]
+    stderr: dict[str, float]
+    """Standard error of each fitted coefficient (same unit as the coefficient)."""
+    errors: list[dict]
+    """Per split ("train", "test") and group: n, MAPE, median APE, R²."""
+    term_shares: dict[str, float]
+    """Mean share of predicted step time per StepCost term, over the fitting samples."""
+    num_iterations: int
+
+
+def _bounds(name: str) -> tuple[float, float]:
+    lo, hi = 0.0, np.inf
+    for meta in CostCoeffs.model_fields[name].metadata:
+        if isinstance(meta, Gt):
+            lo = max(lo, float(meta.gt) * (1 + 1e-9) + 1e-6)
+        elif isinstance(meta, Ge):
+            lo = max(lo, float(meta.ge))
+        elif isinstance(meta, Le):
+            hi = min(hi, float(meta.le))
+    return lo, hi
+
+
+def predict_samples(coeffs: CostCoeffs, samples: list[StepSample],
+                    profiles: dict[str, CostProfile]) -> np.ndarray:
+    """Predicted seconds of each sample under `coeffs`."""
+    return np.array([predict_step(coeffs, profiles[s.group],
+                                  s.batch(profiles[s.group].num_layers)).total_s
+                     for s in samples])
+
+
+def _error_rows(split: str, samples, measured, predicted) -> list[dict]:
+    rows = []
+    groups = sorted({s.group for s in samples})
+    for group in [*groups, "all"] if len(groups) > 1 else groups:
+        mask = np.array([group in ("all", s.group) for s in samples])
+        y, p = measured[mask], predicted[mask]
+        ape = np.abs(p - y) / y
+        ss_res, ss_tot = float(((y - p) ** 2).sum()), float(((y - y.mean()) ** 2).sum())
+        rows.append(dict(split=split, group=group, num_samples=int(mask.sum()),
+                         mape=float(ape.mean()), median_ape=float(np.median(ape)),
+                         r2=1 - ss_res / ss_tot if ss_tot > 0 else float("nan")))
+    return rows
+
+
+def _term_shares(coeffs, samples, profiles) -> dict[str, float]:
+    shares: dict[str, list[float]] = {}
+    for s in samples:
+        cost = predict_step(coeffs, profiles[s.group], s.batch(profiles[s.group].num_layers))
+        for name, value in cost.as_dict().items():
+            if name != "total_s":
+                shares.setdefault(name, []).append(value / cost.total_s)
+    return {k: float(np.mean(v)) for k, v in shares.items()}
+
+
+def fit(samples: list[StepSample], model_terms: tuple[str, ...],
+        profiles: dict[str, CostProfile], *, start: CostCoeffs | None = None,
+        held_out: list[StepSample] = ()) -> FitResult:
+    """Fit `model_terms` (CostCoeffs field names) to `samples`; `profiles` maps each sample
+    group to the cost profile it was measured on; `held_out` samples are only scored."""
+    if not samples:
+        raise ValueError("no samples to fit")
+    start = start or CostCoeffs()
+    unknown = [t for t in model_terms if t not in CostCoeffs.model_fields]
+    if unknown:
+        known = sorted(CostCoeffs.model_fields)
+        raise ValueError(f"unknown coefficients {unknown}; known: {known}")
+    lo, hi = np.array([_bounds(t) for t in model_terms]).T
+    x0 = np.clip([getattr(start, t) for t in model_terms], lo, hi)
+    scale = np.where(x0 > 0, x0, np.where(np.isfinite(hi), hi * 1e-3, 1e-3))
+    batches = [(profiles[s.group], s.batch(profiles[s.group].num_layers)) for s in samples]
+    measured = np.array([s.measured_s for s in samples])
+
+    def coeffs_at(x):
+        return start.model_copy(update=dict(zip(model_terms, (float(v) for v in x * scale),
+                                                strict=True)))
+
+    def residuals(x):
+        c = coeffs_at(x)
+        predicted = np.array([predict_step(c, p, b).total_s for p, b in batches])
+        return (predicted - measured) / measured
+
+    solution = least_squares(residuals, x0 / scale, bounds=(lo / scale, hi / scale),
+                             loss="soft_l1", f_scale=0.1, x_scale="jac", diff_step=1e-4)
+    coeffs = CostCoeffs(**coeffs_at(solution.x).model_dump())  # validated
+    return FitResult(coeffs=coeffs, terms=tuple(model_terms),
+                     stderr=_stderr(solution, scale, model_terms),
+                     errors=_scores(coeffs, samples, list(held_out), profiles),
+                     term_shares=_term_shares(coeffs, samples, profiles),
+                     num_iterations=int(solution.nfev))
+
+
+def _stderr(solution, scale, terms) -> dict[str, float]:
+    """Standard errors from the Jacobian at the solution (Gauss-Newton covariance)."""
+    jac, res = solution.jac, solution.fun
+    dof = max(1, res.size - len(terms))
+    cov = np.linalg.pinv(jac.T @ jac) * float(res @ res) / dof
+    return {t: float(np.sqrt(max(cov[i, i], 0.0)) * scale[i]) for i, t in enumerate(terms)}
+
+
+def _scores(coeffs, train, test, profiles) -> list[dict]:
+    rows = []
+    for split, part in (("train", train), ("test", test)):
+        if part:
+            measured = np.array([s.measured_s for s in part])
+            rows += _error_rows(split, part, measured, predict_samples(coeffs, part, profiles))
+    return rows
+
+
+def group_profiles(arch, gpu, *, adapter_rank: int, adapter_placements) -> dict[str, CostProfile]:
+    """Cost profile of each vLLM sample group: base on an engine without LoRA; LoRA and LoRA_P
+    on a LoRA engine (LoRA_P's decode tokens are marked unadapted in the samples)."""
+    from sim.cost_profile import create_cost_profile
+
+    lora = create_cost_profile(arch, gpu, adapter_kind="lora", adapter_rank=adapter_rank,
+                               adapter_placements=list(adapter_placements))
+    return {"base": create_cost_profile(arch, gpu), "lora": lora, "lora_p": lora}
+
+
+def create_calibration_profile(result: FitResult, *, name: str, model: str, engine: dict,
+                               hardware: dict, packages: dict, num_samples: int,
+                               num_train: int, load_average, commands, description: str = ""):
+    """The profile file's model from a fit and where its samples came from."""
+    import datetime as dt
+
+    from sim.calibration_profile import CalibrationProfile, FitErrorRow, FitSummary
+
+    del num_train  # counted in the error rows
+    summary = FitSummary(fitted_terms=result.terms, stderr=result.stderr,
+                         errors=tuple(FitErrorRow(**row) for row in result.errors),
+                         term_shares=result.term_shares,
+                         load_average=tuple(round(x, 2) for x in load_average))
+    return CalibrationProfile(
+        name=name, description=description, model=model, engine=engine, hardware=hardware,
+        packages=packages, created_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        coefficients=result.coeffs, fit=summary, commands=tuple(commands),
+        num_samples=num_samples)
+
+
+def write_profile(profile, path) -> None:
+    """Write a profile as YAML (atomically; parent folders created)."""
+    from pathlib import Path
+
+    import yaml
+
+    from planner.report import write_atomic
+
+    data = profile.model_dump(mode="json")
+    text = yaml.safe_dump(data, sort_keys=False, width=100)
+    write_atomic(Path(path), text.encode("utf-8"))

@@ -1,0 +1,105 @@
+"""The three calibration jobs the CLI, the Slurm script and the Ray job run: profile, fit, validate.
+
+profile: time the probe grid on each engine (samples in OUT/samples, one JSON per probe, so an
+interrupted run resumes); fit: least squares over those samples into a profile YAML; validate:
+replay the validation workloads on the engine and in the simulator under a profile and write
+the error table (markdown + JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from calibrate.fitter import (
+    DEFAULT_TERMS,
+    LORA_TERMS,
+    create_calibration_profile,
+    group_profiles,
+    write_profile,
+)
+from calibrate.fitter import (
+    fit as fit_samples,
+)
+from calibrate.recorder import load_average, load_samples, split_held_out
+from calibrate.runner import TARGETS, VllmEngineSpec, profile_vllm
+
+VLLM_GROUPS = ("base", "lora", "lora_p")
+
+
+def _command() -> str:
+    return "molcap calibrate " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+
+
+def profile(out: Path, *, engine: str = "all", device: str = "cpu", gpu_kind: str = "cpu",
+            num_repeats: int = 3, on_progress=None) -> Path:
+    """Run the probe grids of `engine` ("vllm", "ced", "all"); returns the samples folder."""
+    out = Path(out)
+    samples = out / "samples"
+    hook = on_progress or (lambda label: None)
+    if engine in ("vllm", "all"):
+        for enable_lora in (False, True):
+            spec = VllmEngineSpec(enable_lora=enable_lora, device=device, gpu_kind=gpu_kind)
+            kinds = ("lora", "lora_p") if enable_lora else ("base",)
+            profile_vllm(out / "work", samples, spec, kinds=kinds, num_repeats=num_repeats,
+                         on_progress=hook("vllm " + "+".join(kinds)))
+    if engine in ("ced", "all"):
+        from calibrate.ced_runner import profile_ced
+
+        profile_ced(samples, num_repeats=num_repeats, on_progress=hook("ced engine"))
+    return samples
+
+
+def _meta(root: Path, name: str) -> dict:
+    path = root / f"{name}.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no engine record; run `molcap calibrate profile` "
+                                f"with --out {root} first")
+    return json.loads(path.read_text())
+
+
+def fit(root: Path, *, name: str, out_dir: Path, engine: str = "vllm"):
+    """Fit the samples under `root` (vLLM or CED) into OUT_DIR/NAME.yaml; (path, profile)."""
+    if engine == "ced":
+        from calibrate.ced_runner import fit_ced
+
+        return fit_ced(Path(root), name=name, out_dir=Path(out_dir))
+    from sim.catalogue import get_gpu, get_model
+    from sim.cost_model import DEFAULT_COEFFS, CostCoeffs
+
+    root = Path(root)
+    meta = _meta(root, "vllm-lora")
+    samples = [s for s in load_samples(root / "samples") if s.group in VLLM_GROUPS]
+    if not samples:
+        raise ValueError(f"{root / 'samples'}: no vLLM samples")
+    gpu = get_gpu(meta["hardware"]["gpu"])
+    settings = meta["engine"]["settings"]
+    profiles = group_profiles(get_model("vllm-tiny-llama"), gpu,
+                              adapter_rank=settings["max_lora_rank"],
+                              adapter_placements=[(i, m) for i in range(4) for m in TARGETS])
+    train, test = split_held_out(samples)
+    start = DEFAULT_COEFFS.get(gpu.name, CostCoeffs())
+    result = fit_samples(train, DEFAULT_TERMS + LORA_TERMS, profiles, start=start, held_out=test)
+    profile_ = create_calibration_profile(
+        result, name=name, model="vllm-tiny-llama", engine=meta["engine"],
+        hardware=meta["hardware"], packages=meta["packages"], num_samples=len(samples),
+        num_train=len(train), load_average=meta["load_average"],
+        commands=(f"molcap calibrate profile --out {root}", _command()),
+        description="vLLM step times of the tiny float32 Llama (4 layers, hidden 256), rank-8 "
+                    "LoRA on q/v/o/down; step seconds are the engine thread's CPU time")
+    path = Path(out_dir) / f"{name}.yaml"
+    write_profile(profile_, path)
+    return path, profile_
+
+
+def validate(profile_, out: Path, *, num_repeats: int = 3, num_requests: int = 48,
+             clock: str = "cpu", quick: bool = False, on_progress=None) -> Path:
+    """Measure and predict the validation workloads under `profile_`; returns the table path."""
+    from calibrate.validation_run import run_validation
+
+    return run_validation(profile_, Path(out), num_repeats=num_repeats,
+                          num_requests=num_requests, clock=clock, quick=quick,
+                          on_progress=on_progress or (lambda label: None),
+                          command=_command(), load_at_start=load_average())

@@ -1,0 +1,122 @@
+"""The validation job: every workload on its engine, repeated and interleaved, then the simulator
+under the profile, then the table (docs/validation.md and .json when run for the docs).
+
+Each (workload, repeat) run is a point in the planner's points store (OUT/runs), written the
+moment it finishes, so Ctrl-C keeps what was measured and a rerun resumes. Repeats are
+interleaved: run r of every workload of an engine before run r + 1 of any, so the machine's
+drift over minutes spreads over all workloads instead of biasing one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from calibrate import validator as v
+from calibrate.recorder import load_average, machine_fingerprint
+from calibrate.runner import VllmEngineSpec, VllmSession, replay_open_loop
+
+
+def validation_workloads(num_requests: int, *, quick: bool = False) -> list[v.ValidationWorkload]:
+    """Punica mixes x adapters for LoRA and LoRA_P, base, an Azure conversation-trace slice and
+    multi-turn conversations; seeds differ from every fitting probe (those are uniform batches)."""
+    from sim.traces import TRACES_DIR
+
+    rate = 12.0
+    punica = [("identical", 1), ("uniform", 8), ("skewed", 8), ("distinct", 8),
+              ("uniform", 32), ("skewed", 32), ("distinct", 32)]
+    if quick:
+        return [v.punica_validation_workload("lora", "uniform", 8, num_requests=num_requests,
+                                             rate_per_s=rate, seed=11),
+                v.punica_validation_workload("lora_p", "uniform", 8, num_requests=num_requests,
+                                             rate_per_s=rate, seed=11)]
+    out = [v.punica_validation_workload("base", "identical", 1, num_requests=num_requests,
+                                        rate_per_s=rate, seed=10)]
+    for kind in ("lora", "lora_p"):
+        out += [v.punica_validation_workload(kind, mix, n, num_requests=num_requests,
+                                             rate_per_s=rate, seed=10 + i)
+                for i, (mix, n) in enumerate(punica)]
+    trace = TRACES_DIR / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
+    for kind in ("base", "lora"):
+        out.append(v.trace_validation_workload(kind, trace, num_requests=num_requests,
+                                               rate_scale=3.0, length_scale=0.25,
+                                               num_adapters=8, seed=20))
+        out.append(v.conversation_validation_workload(
+            kind, num_conversations=max(2, num_requests // 4), num_turns=4, num_adapters=4,
+            rate_per_s=2.0, think_s=0.5, seed=30))
+    return out
+
+
+def _engine_spec(profile_) -> VllmEngineSpec:
+    settings = {k: val for k, val in profile_.engine.settings.items()
+                if k in VllmEngineSpec.__dataclass_fields__}
+    return VllmEngineSpec(**settings)
+
+
+def _measure(out: Path, spec: VllmEngineSpec, workloads, num_repeats: int, clock: str,
+             hook) -> tuple[dict, int]:
+    """Runs of `workloads` on one engine: {(name, repeat): summary}, and its KV blocks."""
+    from planner.points import PointStore, PointTask, progress_counter, run_points
+
+    tasks = [PointTask(f"{w.name}-r{r}".replace(" ", "_").replace("=", ""),
+                       dict(workload=i, repeat=r))
+             for r in range(num_repeats) for i, w in enumerate(workloads)]
+    store = PointStore(out / "runs")
+    blocks_file = out / "runs" / f"kv-blocks-{spec.enable_lora}.txt"
+    if all((rec := store.load(t.key)) and rec.get("status") == "ok" for t in tasks):
+        records = {t.key: store.load(t.key) for t in tasks}
+        return records, int(blocks_file.read_text())
+    session = VllmSession(out / "work", spec)
+    try:
+        session.warm_up()
+        blocks = int(session.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks)
+        blocks_file.parent.mkdir(parents=True, exist_ok=True)
+        blocks_file.write_text(str(blocks))
+
+        def run(payload: dict) -> dict:
+            w = workloads[payload["workload"]]
+            turns = replay_open_loop(session, list(w.conversations), clock=clock)
+            return dict(summary=v.summarize_turns(turns), load_average=load_average())
+
+        records = run_points(tasks, run, store, backend="inline",
+                             on_done=progress_counter(len(tasks), hook))
+        return records, blocks
+    finally:
+        session.close()
+
+
+def run_validation(profile_, out: Path, *, num_repeats: int, num_requests: int, clock: str,
+                   quick: bool, on_progress, command: str, load_at_start) -> Path:
+    """Measure, predict, compare; write OUT/validation.md and OUT/validation.json."""
+    workloads = validation_workloads(num_requests, quick=quick)
+    spec = _engine_spec(profile_)
+    rows, runs_by_workload = [], {}
+    for enable_lora in (False, True):
+        mine = [w for w in workloads if (w.kind != "base") == enable_lora]
+        if not mine:
+            continue
+        engine_spec = replace(spec, enable_lora=enable_lora)
+        records, blocks = _measure(out, engine_spec, mine, num_repeats, clock,
+                                   on_progress(f"engine {'LoRA' if enable_lora else 'base'}"))
+        for i, w in enumerate(mine):
+            runs = [rec["result"]["summary"] for rec in records.values()
+                    if rec["payload"]["workload"] == i and rec.get("status") == "ok"]
+            if not runs:
+                continue
+            runs_by_workload[w.name] = runs
+            rows += v.compare(w.name, runs, v.predict(w, profile_.coefficients, engine_spec,
+                                                      blocks))
+    if not rows:
+        raise RuntimeError("no validation run finished")
+    report = dict(profile=profile_.name, created_utc=dt.datetime.now(dt.UTC).isoformat(
+        timespec="seconds"), clock=clock, num_repeats=num_repeats, num_requests=num_requests,
+        machine=machine_fingerprint(), load_average_start=list(load_at_start),
+        load_average_end=list(load_average()), command=command,
+        goals=v.goal_summary(rows), rows=rows, runs=runs_by_workload)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "validation.json").write_text(json.dumps(report, indent=2))
+    md = out / "validation.md"
+    md.write_text(v.markdown_table(report))
+    return md

@@ -1,0 +1,239 @@
+"""Predicted vs measured: replay workloads on the real engine and in the simulator, tabulate errors.
+
+Each `ValidationWorkload` is a list of conversations with exact arrival times. The engine side
+replays them open-loop (`calibrate.runner.replay_open_loop`), several times, interleaved with
+the other workloads, so the machine's drift spreads over all of them; the simulator runs the same
+arrivals, lengths and adapters under the fitted coefficients. `compare` reports, per workload and
+metric, the median measurement, the engine's own run-to-run spread, the prediction and the
+error. Workloads here are not the fitting probes: those submit uniform batches at t=0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from calibrate.runner import VOCAB, ReplayConversation, ReplayTurn
+
+METRICS = ("throughput_tokens_per_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s",
+           "tpot_p90_s", "tpot_p99_s", "e2e_p50_s", "e2e_p90_s", "e2e_p99_s")
+GOALS = {"throughput": 0.03, "tpot": 0.05, "e2e": 0.05, "ttft": 0.10}
+"""Issue 9's goals: median absolute error per metric family."""
+
+
+@dataclass(frozen=True)
+class ValidationWorkload:
+    """Conversations to replay, and what they exercise."""
+
+    name: str
+    kind: str
+    """"base", "lora" or "lora_p"."""
+    conversations: tuple[ReplayConversation, ...]
+    num_adapters: int = 1
+
+
+def _tokens(rng, n: int) -> tuple[int, ...]:
+    return tuple(rng.integers(3, VOCAB, int(n)).tolist())
+
+
+def punica_validation_workload(kind: str, popularity: str, num_adapters: int, *,
+                               num_requests: int, rate_per_s: float, seed: int,
+                               num_output_tokens: int = 16) -> ValidationWorkload:
+    """Punica's mix (sim.workloads.punica_workload) with Poisson arrivals at `rate_per_s`."""
+    from sim.workloads import punica_workload
+
+    rng = np.random.default_rng(seed)
+    work = punica_workload(rng, num_requests=num_requests, num_adapters=num_adapters,
+                           popularity=popularity, max_prompt_tokens=400,
+                           num_output_tokens=num_output_tokens, arrival_rate_per_s=rate_per_s)
+    convs = tuple(ReplayConversation(float(a), kind, int(d) if kind != "base" else 0,
+                                     (ReplayTurn(_tokens(rng, n), num_output_tokens),))
+                  for a, d, n in zip(work.conv_arrival_s, work.turn_domain,
+                                     work.turn_user_tokens, strict=True))
+    return ValidationWorkload(f"{kind} {popularity} N={num_adapters}", kind, convs,
+                              num_adapters)
+
+
+def trace_validation_workload(kind: str, path, *, num_requests: int, rate_scale: float,
+                              length_scale: float, num_adapters: int,
+                              seed: int) -> ValidationWorkload:
+    """The first rows of a trace (sim.traces), lengths scaled to fit the tiny model's context."""
+    from sim.traces import trace_workload
+
+    rng = np.random.default_rng(seed)
+    work = trace_workload(rng, path, num_domains=num_adapters, fmt="csv",
+                          arrival_column="TIMESTAMP", input_column="ContextTokens",
+                          output_column="GeneratedTokens", hash_ids_column=None,
+                          adapter_column=None, time_unit="datetime", hash_block_tokens=512,
+                          rate_scale=rate_scale, length_scale=length_scale,
+                          max_requests=num_requests, domain_weights=None)
+    prompts = np.clip(work.turn_user_tokens, 1, 400)
+    outputs = np.clip(work.turn_reply_tokens, 1, 96)
+    convs = tuple(ReplayConversation(float(a), kind, int(d) if kind != "base" else 0,
+                                     (ReplayTurn(_tokens(rng, n), int(o)),))
+                  for a, d, n, o in zip(work.conv_arrival_s, work.turn_domain, prompts,
+                                        outputs, strict=True))
+    return ValidationWorkload(f"{kind} azure-conv slice", kind, convs, num_adapters)
+
+
+def conversation_validation_workload(kind: str, *, num_conversations: int, num_turns: int,
+                                     num_adapters: int, rate_per_s: float, think_s: float,
+                                     seed: int) -> ValidationWorkload:
+    """Multi-turn conversations, one adapter each, prefix-cached history between turns."""
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1 / rate_per_s, num_conversations))
+    convs = []
+    for i, arrival in enumerate(arrivals):
+        turns = tuple(ReplayTurn(_tokens(rng, rng.integers(24, 64)), 16,
+                                 0.0 if t == 0 else float(rng.exponential(think_s)))
+                      for t in range(num_turns))
+        convs.append(ReplayConversation(float(arrival), kind, i % num_adapters, turns))
+    return ValidationWorkload(f"{kind} {num_turns}-turn conversations", kind, tuple(convs),
+                              num_adapters)
+
+
+def summarize_turns(records: list[dict]) -> dict[str, float]:
+    """Throughput (prompt + output tokens per second) and latency percentiles of turn records
+    (TTFT and end-to-end from arrival; TPOT over the tokens after the first)."""
+    arrival = np.array([r["arrival_s"] for r in records])
+    first = np.array([r["first_token_s"] for r in records])
+    finish = np.array([r["finish_s"] for r in records])
+    num_out = np.array([r["num_output_tokens"] for r in records])
+    tokens = sum(r["num_prompt_tokens"] for r in records) + num_out.sum()
+    out = {"throughput_tokens_per_s": float(tokens / (finish.max() - arrival.min()))}
+    tpot = (finish - first) / np.maximum(num_out - 1, 1)
+    for name, values in (("ttft", first - arrival), ("tpot", tpot), ("e2e", finish - arrival)):
+        for q in (50, 90, 99):
+            out[f"{name}_p{q}_s"] = float(np.percentile(values, q))
+    return out
+
+
+def compare(workload: str, measured_runs: list[dict], predicted: dict) -> list[dict]:
+    """One row per metric: median of the runs, their spread ((max - min) / median), the
+    prediction and its signed relative error."""
+    rows = []
+    for metric in METRICS:
+        values = np.array([run[metric] for run in measured_runs])
+        median = float(np.median(values))
+        rows.append(dict(workload=workload, metric=metric, measured_median=median,
+                         run_spread=float((values.max() - values.min()) / median),
+                         num_runs=len(values), predicted=predicted[metric],
+                         error=(predicted[metric] - median) / median))
+    return rows
+
+
+def goal_summary(rows: list[dict]) -> list[dict]:
+    """Median absolute error per metric family against issue 9's goals."""
+    out = []
+    for family, goal in GOALS.items():
+        errors = [abs(r["error"]) for r in rows if r["metric"].startswith(family)]
+        spreads = [r["run_spread"] for r in rows if r["metric"].startswith(family)]
+        if errors:
+            median = float(np.median(errors))
+            out.append(dict(family=family, median_abs_error=median, goal=goal,
+                            median_run_spread=float(np.median(spreads)),
+                            meets_goal=median <= goal))
+    return out
+
+
+def sim_workload(w: ValidationWorkload):
+    """The workload as simulator arrays (prompt = history + user tokens, as the replay sends)."""
+    from sim.workloads import Workload
+
+    convs = sorted(w.conversations, key=lambda c: c.arrival_s)
+    turns = [t for c in convs for t in c.turns]
+    counts = np.array([len(c.turns) for c in convs])
+    return Workload(
+        conv_arrival_s=np.array([c.arrival_s for c in convs]),
+        conv_first_turn=np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64),
+        conv_num_turns=counts, conv_initial_tokens=np.zeros(len(convs), np.int64),
+        turn_domain=np.array([c.adapter for c in convs for _ in c.turns], np.int64),
+        turn_user_tokens=np.array([len(t.user_token_ids) for t in turns], np.int64),
+        turn_reply_tokens=np.array([t.num_output_tokens for t in turns], np.int64),
+        turn_think_s=np.array([t.think_s for t in turns]))
+
+
+def sim_config(w: ValidationWorkload, coeffs, spec, num_kv_blocks: int, *, num_layers: int = 4,
+               targets=("q_proj", "v_proj", "o_proj", "down_proj")):
+    """SimConfig of the tiny model on the `cpu` entry under the engine's own limits."""
+    from sim.catalogue import get_gpu, get_model
+    from sim.config import AdapterSpec, EngineLimits, SimConfig, StrategySpec
+
+    arch = get_model("vllm-tiny-llama")
+    placements = tuple((i, m) for i in range(num_layers) for m in targets)
+    per_rank = sum(sum(_shape(arch, m)) for _, m in placements)
+    adapters = tuple(AdapterSpec(name=f"a{i}", num_bytes_per_gpu=spec.max_lora_rank * per_rank * 4)
+                     for i in range(max(w.num_adapters, 1)))
+    strategy = (StrategySpec(kind="base") if w.kind == "base" else StrategySpec(
+        kind="multi_lora" if w.kind == "lora" else "preft", adapters=adapters,
+        adapter_kind="lora", adapter_rank=spec.max_lora_rank, adapter_placements=placements,
+        is_decode_adapted=w.kind == "lora"))
+    engine = EngineLimits(
+        max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
+        block_size=spec.block_size, enable_prefix_caching=spec.enable_prefix_caching,
+        max_loras=spec.max_loras, max_cpu_loras=spec.max_cpu_loras,
+        max_lora_rank=spec.max_lora_rank, num_kv_blocks=num_kv_blocks)
+    return SimConfig(arch=arch, gpu=get_gpu("cpu"), engine=engine, strategy=strategy,
+                     coeffs=coeffs)
+
+
+def _shape(arch, module):
+    from sim.model_shapes import module_shape
+
+    return module_shape(arch, module, 0)
+
+
+def predict(w: ValidationWorkload, coeffs, spec, num_kv_blocks: int) -> dict[str, float]:
+    """The simulator's summary of `w`, in `summarize_turns`' terms."""
+    from sim.simulate import simulate
+
+    result = simulate(sim_config(w, coeffs, spec, num_kv_blocks), sim_workload(w))
+    turns = result.turns
+    records = [dict(arrival_s=a, first_token_s=f, finish_s=d, num_output_tokens=n,
+                    num_prompt_tokens=c + u)
+               for a, f, d, n, c, u in zip(turns["arrival_s"], turns["first_token_s"],
+                                           turns["finish_s"], turns["num_output_tokens"],
+                                           turns["num_context_tokens"], turns["num_user_tokens"],
+                                           strict=True)]
+    return summarize_turns(records)
+
+
+def _cell(row: dict) -> str:
+    return f"{row['error']:+.1%} <sub>±{row['run_spread'] / 2:.0%}</sub>"
+
+
+def markdown_table(report: dict) -> str:
+    """The validation report as markdown: goals, then per workload the signed error of each
+    metric with half the engine's run-to-run spread ((max - min) / median / 2) beside it."""
+    m = report["machine"]
+    lines = [
+        "# Validation: simulator vs real engine", "",
+        f"Profile `{report['profile']}`, {report['created_utc']}, clock: {report['clock']} "
+        f"({'engine thread CPU seconds, idle gaps skipped' if report['clock'] == 'cpu' else 'wall'}"
+        f"), {report['num_repeats']} interleaved runs per workload, {report['num_requests']} "
+        f"requests each.", "",
+        f"Machine: {m['cpu']}, {m['num_cpus']} CPUs; load average (1/5/15 min) at start "
+        f"{'/'.join(f'{x:.1f}' for x in report['load_average_start'])}, at end "
+        f"{'/'.join(f'{x:.1f}' for x in report['load_average_end'])}.", "",
+        f"Command: `{report['command']}`", "",
+        "## Median absolute error per metric family", "",
+        "| metric | median abs error | goal | median run-to-run spread | meets goal |",
+        "|---|---|---|---|---|"]
+    for g in report["goals"]:
+        lines.append(f"| {g['family']} | {g['median_abs_error']:.1%} | {g['goal']:.0%} | "
+                     f"{g['median_run_spread']:.1%} | {'yes' if g['meets_goal'] else 'no'} |")
+    shown = ("throughput_tokens_per_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s",
+             "tpot_p99_s", "e2e_p50_s", "e2e_p90_s", "e2e_p99_s")
+    lines += ["", "## Per workload: predicted vs measured (signed error, ± half the spread)", "",
+              "| workload | measured tok/s | predicted tok/s | " + " | ".join(
+                  s.replace("_tokens_per_s", "").replace("_s", "") for s in shown) + " |",
+              "|---" * (len(shown) + 3) + "|"]
+    by_workload: dict[str, dict] = {}
+    for row in report["rows"]:
+        by_workload.setdefault(row["workload"], {})[row["metric"]] = row
+    for name, metrics in by_workload.items():
+        t = metrics["throughput_tokens_per_s"]
+        lines.append(f"| {name} | {t['measured_median']:.0f} | {t['predicted']:.0f} | "
+                     + " | ".join(_cell(metrics[s]) for s in shown) + " |")
+    return "\n".join(lines) + "\n"

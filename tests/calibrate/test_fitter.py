@@ -1,0 +1,78 @@
+"""The fitter recovers known coefficients from samples generated with them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from calibrate.fitter import fit, predict_samples
+from calibrate.recorder import StepSample, split_held_out
+from sim.catalogue import get_gpu, get_model
+from sim.cost_model import CostCoeffs
+from sim.cost_profile import create_cost_profile
+
+ARCH = get_model("vllm-tiny-llama")
+GPU = get_gpu("cpu")
+TRUE = CostCoeffs(gemm_flops_efficiency=0.3, attention_flops_efficiency=0.2,
+                  memory_bandwidth_efficiency=0.5, step_overhead_s=3e-3,
+                  per_sequence_overhead_s=4e-5, lora_slice_launch_s=2e-5,
+                  lora_token_gather_share=1.0, lora_launch_overhead_s=1e-4,
+                  lora_per_adapter_overhead_s=0.0)
+TERMS = ("gemm_flops_efficiency", "attention_flops_efficiency", "memory_bandwidth_efficiency",
+         "step_overhead_s", "per_sequence_overhead_s", "lora_slice_launch_s",
+         "lora_token_gather_share")
+PLACEMENTS = [(i, m) for i in range(4) for m in ("q_proj", "v_proj", "o_proj", "down_proj")]
+PROFILES = {
+    "base": create_cost_profile(ARCH, GPU),
+    "lora": create_cost_profile(ARCH, GPU, adapter_kind="lora", adapter_rank=8,
+                                adapter_placements=PLACEMENTS),
+}
+
+
+def synthetic_samples(coeffs: CostCoeffs, noise: float, seed: int = 0) -> list[StepSample]:
+    rng = np.random.default_rng(seed)
+    samples = []
+    for i in range(160):
+        group = ("base", "lora")[i % 2]
+        n = int(rng.integers(1, 32))
+        is_prefill = i % 3 == 0
+        new = rng.integers(16, 400, n) if is_prefill else np.ones(n, int)
+        ctx = np.zeros(n, int) if is_prefill else rng.integers(1, 480, n)
+        ids = rng.integers(0, 8, n) if group == "lora" else -np.ones(n, int)
+        sample = StepSample(group, tuple(new.tolist()), tuple(ctx.tolist()),
+                            tuple(ids.tolist()), tuple((ids >= 0).tolist()), 1.0,
+                            tags={"probe": i // 4})
+        true = predict_samples(coeffs, [sample], PROFILES)[0]
+        samples.append(StepSample(**{**sample.__dict__,
+                                     "measured_s": true * (1 + noise * rng.standard_normal())}))
+    return samples
+
+
+# The fit starts from the defaults on the fitted terms and the true values elsewhere.
+START = TRUE.model_copy(update={t: getattr(CostCoeffs(), t) for t in TERMS})
+
+
+def test_fit_recovers_known_coefficients():
+    train, test = split_held_out(synthetic_samples(TRUE, noise=0.0))
+    result = fit(train, TERMS, PROFILES, start=START, held_out=test)
+    for term in TERMS:
+        assert getattr(result.coeffs, term) == pytest.approx(getattr(TRUE, term), rel=0.02), term
+    test_rows = [r for r in result.errors if r["split"] == "test" and r["group"] == "all"]
+    assert test_rows and test_rows[0]["mape"] < 1e-3 and test_rows[0]["r2"] > 0.999
+
+
+def test_fit_with_noise_reports_error_and_stays_close():
+    train, test = split_held_out(synthetic_samples(TRUE, noise=0.05, seed=1))
+    result = fit(train, TERMS, PROFILES, start=START, held_out=test)
+    for term in TERMS:  # within four standard errors of the truth, and the errors are finite
+        error = abs(getattr(result.coeffs, term) - getattr(TRUE, term))
+        assert 0 < result.stderr[term] < abs(getattr(TRUE, term)), term
+        assert error < 4 * result.stderr[term], (term, error, result.stderr[term])
+    test_mape = next(r["mape"] for r in result.errors if r["split"] == "test"
+                     and r["group"] == "all")
+    assert 0.01 < test_mape < 0.1  # the noise shows up as error, not as a perfect fit
+
+
+def test_fit_rejects_unknown_terms():
+    with pytest.raises(ValueError, match="unknown coefficients"):
+        fit(synthetic_samples(TRUE, 0.0)[:4], ("warp_speed",), PROFILES)
