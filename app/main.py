@@ -16,7 +16,7 @@ from sim.figures import throughput_figure
 
 SUMMARY_COLUMNS = (
     "strategy", "turns_per_s", "output_tokens_per_s", "goodput_turns_per_s", "slo_attainment",
-    "ttft_p50_s", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "num_preemptions",
+    "ttft_p50_s", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "misroute_rate", "num_preemptions",
     "num_replay_tokens", "num_recomputed_tokens")
 
 
