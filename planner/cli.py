@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -213,10 +214,22 @@ def dashboard(
                "--client.showSidebarNavigation", "false", "--client.toolbarMode", "minimal",
                "--theme.base", "light"]
     console.print(f"molcap dashboard on http://{address}:{port} (Ctrl-C stops it)")
+    raise typer.Exit(_run_child(command, env))
+
+
+def _run_child(command: list[str], env: dict) -> int:
+    """Run `command` until it exits; a SIGTERM or Ctrl-C sent to molcap stops it too (a child
+    left behind would keep the port)."""
+    child = subprocess.Popen(command, env=env)
+    previous = signal.signal(signal.SIGTERM, lambda *_: child.terminate())
     try:
-        raise typer.Exit(subprocess.call(command, env=env))
+        return child.wait()
     except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+        child.terminate()
+        child.wait(timeout=30)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

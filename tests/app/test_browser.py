@@ -61,6 +61,19 @@ def server(tmp_path_factory):
     finally:
         process.terminate()
         process.wait(timeout=30)
+    _assert_stopped(url)
+
+
+def _assert_stopped(url: str, timeout_s: float = 30) -> None:
+    """SIGTERM to `molcap app` stops the Streamlit server it started (no orphan keeps the port)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"{url}/_stcore/health", timeout=1).close()
+        except OSError:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"the dashboard still answers on {url} after molcap app was stopped")
 
 
 @pytest.fixture(scope="module")
