@@ -12,6 +12,9 @@ import hashlib
 import json
 import logging
 import os
+import signal
+import threading
+import time
 import traceback
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -150,21 +153,45 @@ def run_points(
     return {t.key: records[t.key] for t in tasks}
 
 
+def _worker_start(parent_pid: int) -> None:
+    """Initializer of a local worker: Ctrl-C is the parent's to handle (it stops the workers),
+    and the worker exits as soon as its parent is gone (killed, it cannot stop them)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def exit_with_parent() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=exit_with_parent, name="molcap-parent-watch", daemon=True).start()
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Stop now: drop queued points and end running ones (their results are not wanted)."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # no public handle
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(timeout=5)
+
+
 def _run_local(todo: list[PointTask], fn: PointFn, finish, num_workers: int | None) -> None:
     if not todo:
         return
     workers = max(1, min(num_workers or os.cpu_count() or 1, len(todo)))
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_start,
+                               initargs=(os.getpid(),))
+    try:
         futures = {pool.submit(_guarded, fn, t.payload): t for t in todo}
-        try:
-            # as_completed, not a wait() loop: waiting on every pending future after each finish
-            # costs the parent O(points^2), serial time that caps the speed-up of a big sweep.
-            for future in as_completed(futures):
-                finish(futures[future], future.result())
-        except BaseException:
-            for future in futures:
-                future.cancel()  # Ctrl-C: keep what finished, drop what has not started
-            raise
+        # as_completed, not a wait() loop: waiting on every pending future after each finish
+        # costs the parent O(points^2), serial time that caps the speed-up of a big sweep.
+        for future in as_completed(futures):
+            finish(futures[future], future.result())
+    except BaseException:
+        _stop_workers(pool)  # Ctrl-C or a failed write: what finished is already on disk
+        raise
+    pool.shutdown(wait=True)
 
 
 def _run_on_ray(todo: list[PointTask], fn: PointFn, finish, address: str | None) -> None:

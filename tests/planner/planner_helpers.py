@@ -45,3 +45,13 @@ def molcap(*args: str, cwd: Path, timeout: float = 300, path_first: Path | None 
     env = {**os.environ, "PYTHONPATH": pythonpath, "COLUMNS": "200", "NO_COLOR": "1"}
     return subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def slow_point(payload: dict) -> dict:
+    """A point that records its worker's pid, then takes `seconds` (for process tests)."""
+    import time
+
+    folder = Path(payload["folder"])
+    (folder / f"worker-{os.getpid()}.pid").write_text(str(os.getpid()), encoding="utf-8")
+    time.sleep(payload["seconds"])
+    return {"slept": payload["seconds"]}
