@@ -1,0 +1,139 @@
+"""Property-based fuzzing (Hypothesis) of the scenario loader and the trace reader: every
+generated input yields either a valid result or located errors (`FILE:...`), never another
+exception."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.loading import ScenarioError, load_scenario
+from sim.traces import TraceError, read_trace
+
+REPO = Path(__file__).resolve().parents[2]
+VALID = (REPO / "scenarios" / "sim_ced_switch.yaml").read_text(encoding="utf-8")
+FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+KEYS = ["name", "model", "hardware", "engine", "strategies", "workload", "slo", "search",
+        "analysis", "simulation", "seed", "gpu", "tensor_parallel_size", "num_gpus_per_replica",
+        "kind", "adapters", "rank", "layers", "target_modules", "path", "columns",
+        "max_num_seqs", "block_size", "max_loras", "arrival_rate_per_s", "num_requests",
+        "context_tokens", "tensor_parallel_sizes", "gpus", "<<", "x"]
+KINDS = ["base", "multi_lora", "preft", "mol", "contextual_mol", "mol2", "multi_agent",
+         "punica", "conversations", "trace"]
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-2**70, 2**70),
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(KINDS),
+    st.sampled_from(["H100-SXM", "H200", "qwen2.5-0.5b", "ced-40", "llama-3.1-8b", "q_proj"]),
+    st.text(max_size=30))
+values = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=5),
+    st.dictionaries(st.sampled_from(KEYS), inner, max_size=6)), max_leaves=40)
+documents = st.dictionaries(st.sampled_from(KEYS), values, max_size=8)
+
+
+def assert_located(err: ScenarioError, path: Path) -> None:
+    assert err.messages, "an error without a message"
+    for message in err.messages:
+        assert message.startswith(f"{path}:") or message.startswith(f"{path.parent}"), message
+        assert len(message) < 3000, message[:200]
+
+
+def load(text: bytes | str, folder: Path) -> None:
+    path = folder / "fuzz.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass"))
+    try:
+        load_scenario(path)
+    except ScenarioError as err:
+        assert_located(err, path)
+
+
+@FUZZ
+@given(documents)
+def test_generated_scenarios_load_or_give_located_errors(document):
+    with tempfile.TemporaryDirectory() as folder:
+        load(yaml.safe_dump(document, allow_unicode=True), Path(folder))
+
+
+@FUZZ
+@given(st.data())
+def test_mutated_scenario_files_load_or_give_located_errors(data):
+    raw = bytearray(VALID.encode("utf-8"))
+    for _ in range(data.draw(st.integers(1, 6))):
+        at = data.draw(st.integers(0, len(raw)))
+        action = data.draw(st.sampled_from(["insert", "delete", "replace"]))
+        chunk = data.draw(st.binary(min_size=1, max_size=8) | st.sampled_from(
+            [b": ", b"\n", b"- ", b"[", b"{", b"&a ", b"*a", b"<<: ", b"\t", b"\x00", b"'"]))
+        if action == "insert":
+            raw[at:at] = chunk
+        elif action == "delete":
+            del raw[at:at + len(chunk)]
+        else:
+            raw[at:at + len(chunk)] = chunk
+    with tempfile.TemporaryDirectory() as folder:
+        load(bytes(raw), Path(folder))
+
+
+cells = st.one_of(st.integers(-10, 10**9).map(str), st.floats().map(repr),
+                  st.sampled_from(["", "nan", "inf", "-inf", "-1", "1e400", "ten", " 5 ", "0x10",
+                                   "2023-11-16 18:15:46.68", "1_000"]),
+                  st.text(max_size=6))
+
+
+@FUZZ
+@given(st.lists(st.lists(cells, min_size=0, max_size=4), max_size=8),
+       st.sampled_from(["s", "ms", "datetime"]), st.booleans())
+def test_generated_csv_traces_read_or_give_located_errors(rows, unit, header):
+    text = ("timestamp,input_length,output_length\n" if header else "") + "".join(
+        ",".join(cell.replace(",", ";").replace("\n", " ") for cell in row) + "\n"
+        for row in rows)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "t.csv"
+        path.write_text(text, encoding="utf-8", errors="surrogatepass")
+        try:
+            table = read_trace(path, time_unit=unit)
+        except TraceError as err:
+            assert str(err).startswith(str(path)), err
+            return
+        assert len(table.where) >= 1 and all(math.isfinite(t) for t in table.arrival_s)
+        assert (table.input_tokens >= 1).all() and (table.output_tokens >= 1).all()
+
+
+json_values = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(
+        ["timestamp", "input_length", "output_length", "hash_ids", "x"]), inner, max_size=5)),
+    max_leaves=20)
+
+
+@FUZZ
+@given(st.lists(json_values, max_size=6), st.booleans())
+def test_generated_jsonl_traces_read_or_give_located_errors(lines, hash_ids):
+    import json
+
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "t.jsonl"
+        path.write_text(text, encoding="utf-8")
+        try:
+            read_trace(path, fmt="jsonl", time_unit="ms",
+                       hash_ids_column="hash_ids" if hash_ids else None)
+        except TraceError as err:
+            assert str(err).startswith(str(path)), err
+
+
+@FUZZ
+@given(st.lists(st.lists(cells, min_size=3, max_size=3), max_size=5))
+def test_generated_trace_scenarios_validate_or_give_located_errors(rows):
+    with tempfile.TemporaryDirectory() as folder:
+        trace = Path(folder) / "t.csv"
+        trace.write_text("timestamp,input_length,output_length\n" + "".join(
+            ",".join(c.replace(",", ";").replace("\n", " ") for c in row) + "\n" for row in rows),
+            encoding="utf-8", errors="surrogatepass")
+        load("model: qwen2.5-0.5b\nhardware: {gpu: A100-80GB}\nstrategies: [{kind: base}]\n"
+             "workload: {kind: trace, path: t.csv}\n", Path(folder))
