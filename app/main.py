@@ -10,7 +10,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import compute, layout, state
-from planner.dashboard import recommendation, stored_plan
+from planner.dashboard import pricing, recommendation, stored_plan
 from planner.figures import sim_latency_figure
 from sim.figures import throughput_figure
 
@@ -38,6 +38,10 @@ def main() -> None:
         st.caption("No capacity plan for this exact scenario yet: run it on the Capacity plan "
                    "page (or `molcap run`). The lines above come from the what-if simulation "
                    "on the scenario's own hardware.")
+    priced = pricing(scenario, state.scenarios_dir())
+    st.caption(f"Priced by {priced['description']}"
+               + ("" if priced["profile"] else " — assumed defaults, not measured")
+               + ". See the Calibration page.")
     for label, error in sim.errors.items():
         st.error(f"{label}: simulation failed: {error}")
     if sim.summary.empty:

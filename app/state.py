@@ -12,7 +12,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from planner.loading import ScenarioError, anchor_paths, scenario_from_text
+from planner.loading import ScenarioError, scenario_from_file_text
 from planner.scenario import Scenario
 
 DEFAULT_SCENARIO = "scenarios/default.yaml"
@@ -69,10 +69,11 @@ def source() -> str:
 
 
 def validate(text: str, source: str) -> Scenario:
-    """`text` as `molcap validate` and `molcap run` would read it from `source`: located errors,
-    and relative paths (traces) resolved against the file's folder (scenarios/ for an upload)."""
+    """`text` as `molcap validate` and `molcap run` read it from `source`: the same located
+    errors, relative paths (trace, profile) resolved against the file's folder (scenarios/ for
+    an upload), the named files checked."""
     folder = Path(source).parent if Path(source).is_file() else scenarios_dir()
-    return anchor_paths(scenario_from_text(text, source), folder)
+    return scenario_from_file_text(text, source, folder)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

@@ -254,18 +254,22 @@ def compare_summaries(before: pd.DataFrame, after: pd.DataFrame) -> tuple[pd.Dat
     return stacked, pd.DataFrame(rows)
 
 
-def pricing(scenario: Scenario) -> dict:
-    """Which cost profile priced the scenario: the profile's name, or None for the shipped
-    assumed defaults, and the coefficients used (one row per coefficient)."""
-    from sim.cost_model import CostCoeffs, default_coeffs
+def pricing(scenario: Scenario, base_dir: Path | None = None) -> dict:
+    """Which cost profile priced the scenario (`planner.profiles.resolve_pricing`): the fitted
+    profile's name or None for assumed defaults, its one-line description, the coefficients
+    (one row each) and the profile's fit errors when it has them."""
+    from planner.profiles import resolve_pricing
+    from sim.cost_model import CostCoeffs
 
-    profile = getattr(scenario.hardware, "profile", None)
-    coeffs = default_coeffs(scenario.hardware.gpu_spec)
-    rows = [dict(coefficient=name, value=getattr(coeffs, name),
+    source = resolve_pricing(scenario, base_dir)
+    rows = [dict(coefficient=name, value=getattr(source.coeffs, name),
                  meaning=CostCoeffs.model_fields[name].description or "")
             for name in CostCoeffs.model_fields]
-    return dict(profile=profile, gpu=scenario.hardware.gpu_spec.name,
-                coefficients=pd.DataFrame(rows))
+    fit = source.profile.fit.errors if source.profile is not None else []
+    return dict(profile=source.profile.name if source.profile else None,
+                description=source.describe(), gpu=scenario.hardware.gpu_spec.name,
+                coefficients=pd.DataFrame(rows),
+                fit_errors=pd.DataFrame([e.model_dump() for e in fit]))
 
 
 def _adapter_strategies(scenario: Scenario, summary: pd.DataFrame) -> pd.DataFrame:

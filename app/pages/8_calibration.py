@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from app import layout
+from app import layout, state
 from planner.dashboard import pricing
 
 VALIDATION_FILES = (Path("docs/validation.md"), Path("docs/validation.json"))
@@ -19,14 +19,18 @@ def main() -> None:
     scenario, problems, _ = layout.page("Calibration")
     scenario = layout.require(scenario, problems)
     st.title("Calibration")
-    priced = pricing(scenario)
+    priced = pricing(scenario, state.scenarios_dir())
     if priced["profile"]:
-        st.success(f"Numbers priced by the fitted cost profile `{priced['profile']}`.")
+        st.success(f"Numbers priced by the fitted cost profile `{priced['profile']}`: "
+                   f"{priced['description']}.")
     else:
         st.warning(f"Numbers priced by **assumed defaults** for {priced['gpu']} (no fitted "
-                   "profile named in `hardware.profile`): treat absolute times as estimates "
-                   "and compare strategies relative to each other.")
+                   "profile for it; name one in `hardware.profile`): treat absolute times as "
+                   "estimates and compare strategies relative to each other.")
     st.dataframe(priced["coefficients"], hide_index=True, key="coefficients")
+    if not priced["fit_errors"].empty:
+        with st.expander("the profile's fit errors (train and held-out steps)"):
+            st.dataframe(priced["fit_errors"], hide_index=True)
     st.subheader("Predicted vs measured")
     md, js = (Path(__file__).resolve().parents[2] / p for p in VALIDATION_FILES)
     if js.exists():

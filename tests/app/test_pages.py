@@ -81,3 +81,27 @@ def test_compare_variants_shows_the_change(in_workdir):
                    & (changes["strategy"] == "multi_lora")].iloc[0]
     assert rate["after"] > 1.3 * rate["before"]
     assert len(at.get("plotly_chart")) >= 4
+
+
+PROFILED = """\
+name: profiled
+model: vllm-tiny-llama
+hardware: {gpu: cpu, profile: cpu-vllm-tiny-llama}
+engine: {max_num_seqs: 8, max_loras: 2, version: 0.32.0}
+strategies:
+  - kind: multi_lora
+    adapters: [{name: a, rank: 8}, {name: b, rank: 8}]
+workload: {kind: conversations, num_conversations: 4, num_turns: 2,
+  num_initial_context_tokens: 64, num_user_tokens: 16, num_reply_tokens: 16,
+  think_time_s: 1.0, arrival_rate_per_s: 1.0}
+"""
+
+
+def test_calibration_names_the_fitted_profile_that_priced_the_numbers(in_workdir):
+    path = in_workdir / "scenarios" / "profiled.yaml"
+    path.write_text(PROFILED, encoding="utf-8")
+    at = open_app(scenario="scenarios/profiled.yaml")
+    no_exceptions(at)
+    assert any("Priced by profile cpu-vllm-tiny-llama" in c for c in texts(at.caption))
+    at.switch_page("pages/8_calibration.py").run()
+    assert any("fitted cost profile `cpu-vllm-tiny-llama`" in m for m in texts(at.success))
