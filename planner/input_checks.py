@@ -6,6 +6,7 @@ row). Each returns problem lines `field.path: what is wrong` (trace rows: `FILE:
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 from sim.specs import GpuSpec, ModelArch
@@ -88,7 +89,7 @@ def trace_problems(scenario, source: str, line: int) -> list[str]:
                            max_requests=w.max_requests)
     except TraceError as err:
         message = str(err)
-        if ":" not in message.removeprefix(str(w.path))[:1]:  # the file itself, not a row
+        if not re.match(r":\d", message.removeprefix(str(w.path))):  # the file, not a row
             return [f"{source}:{line}: workload.path: {message}"]
         return [f"{message} {at}"]
     total = table.input_tokens + table.output_tokens

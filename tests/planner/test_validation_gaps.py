@@ -58,9 +58,12 @@ def test_a_bad_trace_is_caught_by_validation_with_its_row(tmp_path, case):
         trace.write_text(text, encoding="utf-8")
     path = scenario_file(tmp_path, TRACE_SCENARIO)
     (message,) = messages(path)
-    where = f"{trace}:{row}: " if row else f"{trace}: "
-    assert message.startswith(where) or message.startswith(f"{path}:6: workload.path: "), message
-    assert f"{path}:6" in message and words in message, message
+    if row:  # a bad row: its own location first, then the scenario field that named the file
+        assert message.startswith(f"{trace}:{row}: "), message
+        assert message.endswith(f"(workload.path, {path}:6)"), message
+    else:  # the file itself: the scenario's line
+        assert message.startswith(f"{path}:6: workload.path: {trace}: "), message
+    assert words in message, message
 
 
 def test_a_trace_path_that_is_a_folder(tmp_path):
