@@ -121,11 +121,14 @@ def _sim_sections(summary: pd.DataFrame, turns: pd.DataFrame,
     if summary.empty:
         return []
     text = ("Every strategy simulated on the scenario's own hardware and workload: throughput, "
-            "latency percentiles, goodput under the SLOs, preemptions and switch recomputation.")
+            "latency percentiles, goodput under the SLOs, preemptions and switch recomputation, "
+            "routing quality (routed turns, misroutes, misroute rate) and routing GPU-seconds "
+            "(the routers' passes, wherever they run, as a share of the GPU time served).")
     figures = [sim_latency_figure(summary), sim_figures.throughput_figure(summary)]
     if not turns.empty:
         figures += [sim_figures.latency_cdf_figure(turns, "ttft_s"),
                     sim_figures.hop_breakdown_figure(turns),
+                    sim_figures.gpu_time_figure(turns),
                     sim_figures.switch_cost_figure(turns)]
     if not timeseries.empty:
         figures.append(sim_figures.timeseries_figure(timeseries, "kv_blocks_used"))

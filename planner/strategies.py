@@ -163,7 +163,9 @@ class MolStrategy(_RoutedStrategy, _AdapterStrategy):
     max_summary_tokens: int = Field(default=192, ge=0, le=100_000)
     """Summary hop length when the answering adapter is not L0."""
     measured_decision_time_s: float | None = Field(default=None, gt=0, le=3600)
-    """Measured decision time; None derives it from the cost model."""
+    """Measured decision time. The routing pass still runs on the serving GPUs as the mechanism
+    implies (it is never free); the decision takes at least this long. In the analytical
+    comparisons it replaces the derived time."""
 
 
 class ContextualMolStrategy(_RoutedStrategy, _SharedKvStrategy):
@@ -177,7 +179,9 @@ class ContextualMolStrategy(_RoutedStrategy, _SharedKvStrategy):
     """Routing (q/k scoring) head parameters. Default assumed, not published: q and k
     projections of H19 from 5120 to 1024 dimensions, 2 x 5120 x 1024."""
     measured_decision_time_s: float | None = Field(default=None, gt=0, le=3600)
-    """Measured decision time; None derives it from the cost model."""
+    """Measured decision time. The routing pass still runs on the serving GPUs as the mechanism
+    implies (it is never free); the decision takes at least this long. In the analytical
+    comparisons it replaces the derived time."""
 
 
 class Mol2Strategy(_RoutedStrategy, _SharedKvStrategy):
@@ -190,7 +194,9 @@ class Mol2Strategy(_RoutedStrategy, _SharedKvStrategy):
     num_head_params: int = Field(default=15_250_000, ge=1, le=10**11)
     """Pointer-head parameters (15.25M in the reference implementation)."""
     measured_decision_time_s: float | None = Field(default=None, gt=0, le=3600)
-    """Measured decision time; None derives it from the cost model."""
+    """Measured decision time. The routing pass still runs on the serving GPUs as the mechanism
+    implies (it is never free); the decision takes at least this long. In the analytical
+    comparisons it replaces the derived time."""
 
 
 class MultiAgentStrategy(_AdapterStrategy):

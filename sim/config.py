@@ -120,7 +120,8 @@ class StrategySpec(_Frozen):
     output_length_scale: float = Field(default=1.0, gt=0)
     """Multiplier on the workload's reply lengths under this strategy."""
     measured_decision_time_s: float | None = Field(default=None, gt=0)
-    """A measured decision time, spent by the router outside the GPU, instead of the model's."""
+    """A measured decision time: the least time a routing pass before the answer takes (the
+    pass itself still runs on the GPUs); in-engine MoL2 prices its head inside the prefill."""
     replay_window_tokens: int = Field(default=0, ge=0)
     """CED strategies: bounded replay length on a switch."""
     num_handover_tokens: int | None = Field(default=None, ge=1)

@@ -87,6 +87,27 @@ def hop_breakdown_figure(turns: pd.DataFrame) -> go.Figure:
     return fig
 
 
+GPU_PIECES = {
+    "routing_busy_s": "routing pass",
+    "prefill_busy_s": "prompt (encode new tokens, write KV)",
+    "replay_busy_s": "bounded replay",
+    "decode_busy_s": "decode",
+    "summary_busy_s": "summary hop",
+}
+
+
+def gpu_time_figure(turns: pd.DataFrame) -> go.Figure:
+    """Mean replica-seconds per turn by priced piece: what the GPUs spend on a turn, its share
+    of every batched step it ran in (routing passes included)."""
+    pieces = turns.groupby("strategy", sort=False)[list(GPU_PIECES)].mean()
+    fig = go.Figure([go.Bar(name=label, x=pieces.index, y=pieces[column])
+                     for column, label in GPU_PIECES.items()])
+    fig.update_layout(barmode="stack", title="What the GPUs spend on a turn (mean per turn)",
+                      yaxis_title="replica-seconds per turn", xaxis_title="strategy",
+                      legend_title_text="piece")
+    return fig
+
+
 def switch_cost_figure(turns: pd.DataFrame) -> go.Figure:
     """Mean time to first token after routing, switched vs same-domain turns, per strategy."""
     cost = (turns["ttft_s"] - turns["route_s"]).rename("cost")

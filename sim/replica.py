@@ -84,6 +84,7 @@ class Replica:
                 num_steps = 1
                 yield env.timeout(self.pricer.step_s(plan))
             self.busy_s += env.now - start
+            _attribute(plan, env.now - start, self.pricer.num_decode_compute_tokens)
             self.counter.add(num_steps)
             self.on_sample(self, env.now, len(plan.decodes) + len(plan.prefills))
             for seq in engine.commit(plan, num_steps, env.now):
@@ -127,6 +128,22 @@ class Replica:
         if num_steps < self._run_steps:
             self._run_steps = num_steps
             self._end_run_after(max(0.0, start + run.elapsed_s(num_steps) - now))
+
+
+def _attribute(plan, elapsed_s: float, num_decode_tokens: int) -> None:
+    """Share a step's (or a decode run's) seconds among its items by tokens computed; a run
+    repeats the same decode items, so its share per item is the same at every step."""
+    tokens = sum(n for _, n in plan.prefills) + num_decode_tokens * len(plan.decodes)
+    replays = [(seq, min(seq.num_replay_tokens, seq.num_replay_context_tokens))
+               for seq in plan.replays]
+    tokens += sum(n for _, n in replays)
+    per_token = elapsed_s / tokens if tokens else 0.0
+    for seq, num_new in plan.prefills:
+        seq.busy_prefill_s += num_new * per_token
+    for seq in plan.decodes:
+        seq.busy_decode_s += num_decode_tokens * per_token
+    for seq, num_replay in replays:
+        seq.busy_replay_s += num_replay * per_token
 
 
 def _stuck_message(engine: Engine) -> str:

@@ -61,6 +61,13 @@ class Sequence:
     num_prefill_tokens_computed: int = 0
     num_preemptions: int = 0
     adapter_load_s: float = 0.0
+    busy_prefill_s: float = 0.0
+    """Replica seconds of its prompt (or recompute) chunks: each step's time is shared by the
+    step's items in proportion to the tokens each computes."""
+    busy_replay_s: float = 0.0
+    """Replica seconds of its bounded replay."""
+    busy_decode_s: float = 0.0
+    """Replica seconds of its decode steps."""
     is_replay_done: bool = False
     is_routing_done: bool = False
     first_scheduled_s: float = -1.0

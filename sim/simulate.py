@@ -14,6 +14,7 @@ import simpy
 
 from sim.cluster import Router, replica_groups
 from sim.config import SimConfig
+from sim.cost_model import routing_decision_s
 from sim.cost_profile import CostProfile, create_cost_profile
 from sim.disaggregation import Disaggregation
 from sim.engine import Engine
@@ -137,6 +138,20 @@ def _gc_paused():
             gc.enable()
 
 
+def _routing_gpu_seconds(config: SimConfig, profile: CostProfile, turns: pd.DataFrame,
+                         summary: dict) -> dict:
+    """GPU-seconds the router costs: its passes' share of the steps they ran in, plus an
+    in-engine head's time inside the answer prefill, times the GPUs of a replica."""
+    s = config.strategy
+    replica_s = float(turns["routing_busy_s"].sum())
+    if s.kind == "mol2" and s.routing == "in_engine":
+        replica_s += summary["num_routed_turns"] * routing_decision_s(config.coeffs, profile, 1)
+    served_s = float(turns[[c for c in turns if c.endswith("_busy_s")]].sum().sum())
+    gpus = config.tensor_parallel_size
+    return {"routing_gpu_s": replica_s * gpus, "serving_gpu_s": served_s * gpus,
+            "routing_gpu_share": replica_s / served_s if served_s else 0.0}
+
+
 def simulate(config: SimConfig, workload: Workload, *, timeseries_interval_s: float = 1.0,
              slo: dict | None = None) -> SimResult:
     """Simulate `workload` served under `config`; `slo` holds ttft/tpot/e2e_slo_s for goodput."""
@@ -187,6 +202,7 @@ def simulate(config: SimConfig, workload: Workload, *, timeseries_interval_s: fl
     frames = recorder.frames()
     slo = slo or {}
     summary = summarize(frames["turns"], frames["requests"], **slo)
+    summary.update(_routing_gpu_seconds(config, profile, frames["turns"], summary))
     busy = sum(r.busy_s for r in replicas)
     summary["mean_replica_utilization"] = busy / (len(replicas) * max(summary["duration_s"],
                                                                       1e-12))

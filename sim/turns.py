@@ -68,6 +68,8 @@ class Turn:
     is_switch: bool
     is_routed: bool
     """A router decides this turn's adapter (False when the client names it)."""
+    is_decided: bool = False
+    """The routing phase, and any wait up to a measured decision time, is over."""
     stage: int = ROUTE
     """The step `_advance` takes next (ROUTE, ANSWER, SUMMARY, DONE)."""
     answer: Sequence | None = None
@@ -185,6 +187,14 @@ class TurnDriver:
             if self._route(t):
                 return
         if t.stage == ANSWER:
+            if t.is_routed and not t.is_decided:
+                t.is_decided = True
+                measured = s.measured_decision_time_s
+                elapsed = self.env.now - t.rec.arrival_s
+                in_engine = s.kind == "mol2" and s.routing == "in_engine"
+                if measured is not None and measured > elapsed and not in_engine:
+                    self._after(measured - elapsed, self._advance, t)
+                    return
             if t.is_routed:
                 t.rec.route_s = self.env.now - t.rec.arrival_s
             t.stage = SUMMARY
@@ -221,40 +231,41 @@ class TurnDriver:
                           stream_id=PRIVATE_STREAM, num_stream_prompt_tokens=0,
                           is_output_in_stream=False)
         fields.update(self._window_fields(t, t.adapter))
-        if t.is_routed and s.kind == "mol2" and s.routing == "in_engine" \
-                and s.measured_decision_time_s is None:
-            fields.update(num_routing_decisions=1)
+        if t.is_routed and s.kind == "mol2" and s.routing == "in_engine":
+            fields.update(num_routing_decisions=1)  # the head rides the answer's prefill
         return fields
 
     def _route(self, t: Turn) -> bool:
-        """Start the routing phase of a turn, whatever the strategy runs before the answer;
-        False when there is none."""
+        """Start the routing pass of a turn (real GPU work on the serving replica, cached by
+        the same rule as any hop: the conversation's text is a stream, the route prompt and
+        option descriptions a private tail); False when no pass runs before the answer.
+
+        A measured decision time does not replace the pass: it is the least time the decision
+        takes (`_advance` waits out the rest), so a router never becomes free."""
         s, conv = self.strategy, t.conv
         num_prompt = conv.num_context_tokens + t.num_user_tokens
         if not t.is_routed:
             return False
-        if s.measured_decision_time_s is not None:
-            self._after(s.measured_decision_time_s, self._advance, t)
-        elif s.kind == "mol":
+        stream = dict(stream_id=conv.conv_id if self._is_multi_turn else PRIVATE_STREAM,
+                      num_stream_prompt_tokens=num_prompt)
+        if s.kind == "mol":
             router = s.router_adapter_index
             # The route KV and L0's window are rolled back after the decision.
             self._run(t, dict(
                 hop="route", adapter=router, kv_namespace=self._namespace(router),
                 num_prompt_tokens=num_prompt + s.num_route_prompt_tokens,
-                num_output_tokens=s.num_route_decode_tokens, stream_id=conv.conv_id,
-                num_stream_prompt_tokens=num_prompt,
+                num_output_tokens=s.num_route_decode_tokens, **stream,
                 **self._window_fields(t, router, keeps_window=False)))
-        elif s.kind == "contextual_mol":
+        elif s.kind == "contextual_mol":  # the query, then every option, in one encoder pass
             options = s.num_domains * s.num_option_description_tokens
             self._run(t, dict(
                 hop="route", adapter=-1, kv_namespace=SHARED_NAMESPACE,
-                num_prompt_tokens=num_prompt + options, num_output_tokens=0,
-                stream_id=conv.conv_id, num_stream_prompt_tokens=conv.num_context_tokens,
+                num_prompt_tokens=num_prompt + options, num_output_tokens=0, **stream,
                 last_layer=self.routing_last_layer, num_routing_decisions=1))
-        elif s.routing == "outside_engine":
+        elif s.routing == "outside_engine":  # a second request, only to expose H19
             self._run(t, dict(
                 hop="routing_prefill", adapter=-1, kv_namespace=SHARED_NAMESPACE,
-                num_prompt_tokens=num_prompt, num_output_tokens=0,
+                num_prompt_tokens=num_prompt, num_output_tokens=0, **stream,
                 last_layer=self.routing_last_layer, num_routing_decisions=1))
         else:
             return False

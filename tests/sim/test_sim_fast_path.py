@@ -30,6 +30,8 @@ def assert_same_requests(ref, fast):
         np.testing.assert_allclose(fast.requests[col], ref.requests[col], rtol=1e-9)
     for col in ("num_prefill_tokens_computed", "num_preemptions", "num_cached_tokens"):
         np.testing.assert_array_equal(fast.requests[col], ref.requests[col])
+    for col in ("busy_prefill_s", "busy_replay_s", "busy_decode_s"):  # GPU time attribution
+        np.testing.assert_allclose(fast.requests[col], ref.requests[col], rtol=1e-9, atol=1e-12)
 
 
 def conversations(seed, **kw):

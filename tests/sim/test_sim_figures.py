@@ -28,6 +28,11 @@ def test_comparison_figures_have_a_trace_per_strategy(results):
     route = next(bar for bar in breakdown.data if bar.name == "route")
     assert route.y[list(route.x).index("mol")] > 0 == route.y[list(route.x).index("multi_lora")]
     assert len(figures.switch_cost_figure(turns).data) == 2
+    gpu = {bar.name: bar for bar in figures.gpu_time_figure(turns).data}
+    assert set(gpu) == set(figures.GPU_PIECES.values())
+    routing = gpu["routing pass"]
+    assert routing.y[list(routing.x).index("mol")] > 0 == \
+        routing.y[list(routing.x).index("multi_lora")]
     summary = figures.summary_frame(results)
     assert list(summary["strategy"]) == ["multi_lora", "mol"]
     assert len(figures.throughput_figure(summary).data) == 2

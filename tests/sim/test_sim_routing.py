@@ -75,3 +75,42 @@ def test_named_turns_skip_the_router_and_are_always_right():
     assert (t.route_s[named] == 0).all()
     routes = result.requests[result.requests.hop == "route"]
     assert len(routes) == (~named).sum()
+
+
+def serial_turns():
+    """One conversation, long think times: every turn runs alone on the replica."""
+    return conversation_workload(
+        np.random.default_rng(1), num_conversations=1, num_turns=6, num_domains=4,
+        switch_probability=0.5, num_initial_context_tokens=512, num_user_tokens=64,
+        num_reply_tokens=16, think_time_s=50.0, arrival_rate_per_s=1.0)
+
+
+def test_in_engine_routing_costs_the_heads_time_over_a_fixed_route():
+    from sim.cost_model import routing_decision_s
+    from sim.simulate import create_profile
+    fixed = simulate(small_config("multi_lora", model="ced-40"), serial_turns())
+    routed_in = simulate(small_config("mol2", strategy_fields={"routing_accuracy": 1.0}),
+                         serial_turns())
+    config = small_config("mol2")
+    head = routing_decision_s(config.coeffs, create_profile(config), 1)
+    extra = routed_in.turns["ttft_s"].to_numpy() - fixed.turns["ttft_s"].to_numpy()
+    np.testing.assert_allclose(extra, head, rtol=1e-6)
+    assert routed_in.summary["routing_gpu_s"] == pytest.approx(
+        6 * head * config.tensor_parallel_size, rel=1e-9)
+    assert fixed.summary["routing_gpu_s"] == 0
+
+
+@pytest.mark.parametrize(("kind", "fields"), [("mol", {}), ("contextual_mol", {}),
+                                              ("mol2", {"routing": "outside_engine"})])
+def test_a_router_outside_the_engine_costs_at_least_its_own_pass_even_when_measured(kind, fields):
+    derived = routed(kind, 1.0, serial_turns(), **fields)
+    fast = routed(kind, 1.0, serial_turns(), measured_decision_time_s=1e-6, **fields)
+    slow = routed(kind, 1.0, serial_turns(), measured_decision_time_s=2.0, **fields)
+    passes = derived.turns["routing_busy_s"].to_numpy()
+    assert (passes > 0).all()
+    # A measured time never makes the pass free: the GPU work is the same, the decision takes
+    # at least the pass and at least the measured time.
+    for run in (fast, slow):
+        assert run.summary["routing_gpu_s"] == pytest.approx(derived.summary["routing_gpu_s"])
+    assert (fast.turns["route_s"].to_numpy() >= passes * (1 - 1e-9)).all()
+    assert (slow.turns["route_s"].to_numpy() >= 2.0 * (1 - 1e-9)).all()

@@ -129,11 +129,17 @@ def test_routing_outside_the_engine_costs_a_second_prefill():
                        workload)
     routing = outside.requests[outside.requests.hop == "routing_prefill"]
     assert len(routing) == len(outside.turns)
-    # The routing request reuses no cache: it prefills the whole turn prompt again.
-    prompts = outside.turns["num_context_tokens"] + outside.turns["num_user_tokens"]
-    assert routing["num_prefill_tokens_computed"].sum() == prompts.sum()
+    # The routing request is cached by the same rule as any hop: a first turn prefills its whole
+    # prompt (nothing cached yet), a later one at least its user turn, never more than the prompt.
+    prompts = (outside.turns["num_context_tokens"] + outside.turns["num_user_tokens"]).to_numpy()
+    computed = routing.sort_values(["conv_id", "turn_index"])["num_prefill_tokens_computed"]
+    first = (outside.turns["turn_index"] == 0).to_numpy()
+    assert (computed.to_numpy()[first] == prompts[first]).all()
+    assert (computed.to_numpy() >= outside.turns["num_user_tokens"].to_numpy()).all()
+    assert (computed.to_numpy() <= prompts).all()
     assert "routing_prefill" not in set(inside.requests.hop)
     assert outside.turns["ttft_s"].mean() > inside.turns["ttft_s"].mean()
+    assert outside.summary["routing_gpu_s"] > inside.summary["routing_gpu_s"] > 0
 
 
 def test_affinity_keeps_conversations_on_their_replica():
