@@ -3,7 +3,8 @@
 Policies: round robin; least outstanding requests; affinity (the replica that served the
 conversation last, which holds its prefix, unless it is much busier than the least loaded one;
 then a replica whose GPU slots already hold the adapter). Multi-agent deployments give each
-agent (domain) its own group of replicas; a turn picks within its agent's group.
+agent (domain) its own group of replicas, sized by the agent's share of the traffic; a turn
+picks within its agent's group.
 """
 
 from __future__ import annotations
@@ -43,6 +44,18 @@ class Router:
         return self.replicas[least]
 
 
-def replica_groups(num_replicas: int, num_groups: int) -> list[list[int]]:
-    """Replica indices per group, dealt round robin (group g gets g, g + n, ...)."""
-    return [list(range(g, num_replicas, num_groups)) for g in range(num_groups)]
+def replica_groups(num_replicas: int, num_groups: int,
+                   weights: list[float] | None = None) -> list[list[int]]:
+    """Replica indices per group: dealt round robin (group g gets g, g + n, ...), or, given
+    each group's share of the traffic, in proportion to it (at least one each, the rest by
+    largest remainder)."""
+    if weights is None or num_replicas <= num_groups or not sum(weights):
+        return [list(range(g, num_replicas, num_groups)) for g in range(num_groups)]
+    spare = num_replicas - num_groups
+    quotas = [spare * w / sum(weights) for w in weights]
+    counts = [1 + int(q) for q in quotas]
+    by_remainder = sorted(range(num_groups), key=lambda g: (int(quotas[g]) - quotas[g], g))
+    for g in by_remainder[:num_replicas - sum(counts)]:
+        counts[g] += 1
+    starts = [sum(counts[:g]) for g in range(num_groups)]
+    return [list(range(starts[g], starts[g] + counts[g])) for g in range(num_groups)]

@@ -9,6 +9,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 import simpy
 
@@ -74,6 +75,13 @@ def create_profile(config: SimConfig) -> CostProfile:
         config.arch, config.gpu, config.tensor_parallel_size, adapter_kind=s.adapter_kind,
         adapter_rank=s.adapter_rank, adapter_placements=list(s.adapter_placements),
         num_head_params=s.num_head_params)
+
+
+def _agent_loads(workload: Workload, num_agents: int) -> list[float]:
+    """Each agent's share of the work: the tokens of the turns of its domain."""
+    tokens = workload.turn_user_tokens + workload.turn_reply_tokens
+    return np.bincount(workload.turn_domain % num_agents, weights=tokens,
+                       minlength=num_agents).tolist()
 
 
 def _longest_sequence_tokens(config: SimConfig, workload: Workload) -> int:
@@ -177,7 +185,9 @@ def simulate(config: SimConfig, workload: Workload, *, timeseries_interval_s: fl
         if len(replicas) < num_groups:
             raise SimInputError(f"cluster.num_replicas: multi_agent needs one replica per agent "
                                 f"({num_groups}), got {len(replicas)}")
-        router = Router(cluster.router, replicas, replica_groups(len(replicas), num_groups))
+        weights = _agent_loads(workload, num_groups) if num_groups > 1 else None
+        router = Router(cluster.router, replicas,
+                        replica_groups(len(replicas), num_groups, weights))
     else:
         d = cluster.disaggregation
         prefill = _build_replicas(env, config, pricer, num_kv_blocks, counter, recorder,
