@@ -149,7 +149,8 @@ def plan_strategy(scenario: Scenario, index: int) -> tuple[Plan, list[str]]:
     s = scenario.search
     space = SearchSpace(tuple(candidates), shape.rate_per_s, gpu_prices(scenario),
                         max_num_replicas=s.max_num_replicas, seeds=tuple(range(s.num_seeds)),
-                        rate_upper_bounds=bounds, rate_tolerance=s.rate_tolerance)
+                        rate_upper_bounds=bounds, rate_tolerance=s.rate_tolerance,
+                        exhaustive=s.exhaustive)
 
     def evaluate(d: Deployment, rate: float, seed: int) -> dict:
         point = with_rate(with_deployment(scenario, d), rate, shape)

@@ -127,7 +127,8 @@ def _plan_tables(records: dict[str, dict], num_missing: int = 0) -> PlanTables:
         reasons = [] if r["is_feasible"] else r["reason"].removeprefix(
             "no deployment meets the SLOs: ").split("; ")
         plans.append(dict(chosen, is_feasible=r["is_feasible"], reason=r["reason"],
-                          candidate_reasons=reasons + list(r.get("dropped", []))))
+                          candidate_reasons=reasons + list(r.get("dropped", []))
+                          + list(r.get("pruned", []))))
         runner_ups += r["runner_ups"]
         target = {t["rate_per_s"] for t in r["pareto_front"]}
         trials += [t for t in r["trials"] if t["rate_per_s"] in target]

@@ -29,7 +29,8 @@ def _trial_row(label: str, trial: Trial) -> dict:
                num_replicas=d.num_replicas, num_model_copies=d.num_model_copies,
                max_num_seqs=d.max_num_seqs, max_loras=d.max_loras, num_gpus=d.num_gpus,
                rate_per_s=trial.rate_per_s, cost_per_hour_usd=trial.cost_per_hour_usd,
-               meets_slo=trial.meets_slo, violations="; ".join(trial.violations))
+               meets_slo=trial.meets_slo, violations="; ".join(trial.violations),
+               num_seeds=trial.num_seeds)
     for key in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s",
                 "e2e_p99_s", "output_tokens_per_s", "goodput_turns_per_s", "misroute_rate"):
         if key in trial.mean:
@@ -50,7 +51,7 @@ def plan_record(label: str, plan: Plan, dropped: list[str]) -> dict:
         pareto_front=[_trial_row(label, t) for t in plan.pareto_front],
         trials=[_trial_row(label, t) for t in plan.trials],
         capacities=[dict(asdict(d), rate_per_s=r) for d, r in plan.capacities.items()],
-        dropped=dropped,
+        dropped=dropped, pruned=list(plan.pruned),
     )
 
 

@@ -107,7 +107,7 @@ _PLAN_COLUMNS = (
     "cost_per_hour_usd", "cost_per_million_tokens_usd", "per_replica_rate_per_s",
     "ttft_p99_s", "ttft_p99_s_min", "ttft_p99_s_max", "tpot_p99_s", "e2e_p99_s",
     "e2e_p99_s_min", "e2e_p99_s_max", "output_tokens_per_s", "misroute_rate", "max_num_seqs",
-    "max_loras", "reason",
+    "max_loras", "reason", "pruned",
 )
 
 
@@ -144,7 +144,8 @@ def _collect(records: dict[str, dict]) -> tuple[dict[str, pd.DataFrame], dict[st
         r = record["result"]
         if key.startswith("plan-"):
             chosen = r["chosen"] or {"strategy": r["strategy"]}
-            plans.append(dict(chosen, is_feasible=r["is_feasible"], reason=r["reason"]))
+            plans.append(dict(chosen, is_feasible=r["is_feasible"], reason=r["reason"],
+                              pruned="; ".join(r.get("pruned", []))))
             trials += [dict(t, kind="runner_up") for t in r["runner_ups"]]
             trials += [dict(t, kind="trial") for t in r["trials"]]
         else:

@@ -202,6 +202,9 @@ class SearchSpaceConfig(FrozenModel):
     """Turns (requests) simulated per search point: the workload is cut to about this size."""
     rate_tolerance: float = Field(default=0.1, gt=0, le=1)
     """Bisection stops when the rate bracket's high/low ratio is within 1 + this."""
+    exhaustive: bool = False
+    """Search every candidate (each one's capacity and runner-up); false skips candidates that
+    cannot beat a verified cost and stops a point once one seed proves a miss (same plan)."""
 
 
 class AnalysisConfig(FrozenModel):

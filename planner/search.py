@@ -61,6 +61,12 @@ class SearchSpace:
     max_bisection_steps: int = 12
     max_extra_replicas: int = 4
     """Replicas added beyond the estimate when the scaled-out deployment still misses."""
+    exhaustive: bool = False
+    """True searches every candidate; False skips a candidate whose cheapest possible
+    deployment (the fewest replicas its rate bound allows) costs more than a verified one, and
+    stops a point's seeds once one seed alone proves the seed mean misses. Either way the
+    chosen deployment is the same; exhaustive also gives every candidate's capacity and
+    runner-up."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,8 @@ class Trial:
     high: Metrics
     violations: tuple[str, ...]
     cost_per_hour_usd: float
+    num_seeds: int = 0
+    """Seeds simulated; fewer than the space's when one seed already proved a miss."""
 
     @property
     def meets_slo(self) -> bool:
@@ -93,6 +101,8 @@ class Plan:
     pareto_front: tuple[Trial, ...]
     trials: tuple[Trial, ...]
     capacities: Mapping[Deployment, float]
+    pruned: tuple[str, ...] = ()
+    """Candidates not searched because they cannot beat the chosen cost, and why."""
 
     @property
     def cost_per_million_tokens_usd(self) -> float:
@@ -104,27 +114,46 @@ class Plan:
 
 
 class _Runner:
-    """Evaluates points over every seed and remembers each trial."""
+    """Evaluates points over every seed, once per (deployment, rate), and remembers each trial."""
 
     def __init__(self, space: SearchSpace, evaluate: Evaluate, slo: Slo):
         self.space, self.evaluate, self.slo = space, evaluate, slo
         self.trials: list[Trial] = []
+        self._done: dict[tuple[Deployment, float], Trial] = {}
 
     def trial(self, deployment: Deployment, rate: float) -> Trial:
-        runs = [self.evaluate(deployment, rate, seed) for seed in self.space.seeds]
+        if (deployment, rate) in self._done:  # e.g. a scale-out to one replica at a probed rate
+            return self._done[(deployment, rate)]
+        runs = []
+        for seed in self.space.seeds:
+            runs.append(self.evaluate(deployment, rate, seed))
+            if not self.space.exhaustive and self._seed_mean_must_miss(runs[-1]):
+                break
         keys = sorted(set.intersection(*(set(r) for r in runs)))
         values = {k: np.array([r[k] for r in runs], dtype=float) for k in keys}
         mean = {k: float(v.mean()) for k, v in values.items()}
         price = self.space.price_per_gpu_hour[deployment.gpu]
         trial = Trial(deployment, rate, mean, {k: float(v.min()) for k, v in values.items()},
                       {k: float(v.max()) for k, v in values.items()},
-                      tuple(slo_violations(self.slo, mean)), price * deployment.num_gpus)
+                      tuple(slo_violations(self.slo, mean)), price * deployment.num_gpus,
+                      num_seeds=len(runs))
         self.trials.append(trial)
+        self._done[(deployment, rate)] = trial
         return trial
+
+    def _seed_mean_must_miss(self, metrics: Metrics) -> bool:
+        """One seed's latency above num_seeds x the limit: latencies are never negative, so the
+        mean over all seeds exceeds the limit whatever the other seeds give."""
+        n = len(self.space.seeds)
+        return any(limit is not None and metrics.get(name, 0.0) > n * limit
+                   for name, limit in self.slo.model_dump().items())
 
 
 def replica_capacity(runner: _Runner, candidate: Deployment) -> float:
-    """Largest verified rate one replica serves within the SLOs (0.0 if even a trickle fails)."""
+    """Largest verified rate one replica serves within the SLOs (0.0 if even a trickle fails).
+
+    The fast search bisects exactly as the exhaustive one does: the plan's replica count is
+    ceil(target / capacity), so another capacity within the tolerance could change the plan."""
     space = runner.space
     one = replace(candidate, num_replicas=1)
     high = space.rate_upper_bounds.get(candidate, space.target_rate_per_s)
@@ -175,13 +204,32 @@ def pareto_front(trials: list[Trial], latency_key: str = "e2e_p99_s") -> tuple[T
     return tuple(sorted(front, key=lambda t: t.cost_per_hour_usd))
 
 
+def min_cost_per_hour(space: SearchSpace, candidate: Deployment) -> float:
+    """The least a candidate can cost: the replicas its rate bound forces, at its GPU price
+    (the capacity never exceeds the bound, and scale-out never goes below the estimate)."""
+    bound = space.rate_upper_bounds.get(candidate, space.target_rate_per_s)
+    replicas = max(1, math.ceil(space.target_rate_per_s / bound))
+    one = replace(candidate, num_replicas=min(replicas, space.max_num_replicas))
+    return space.price_per_gpu_hour[candidate.gpu] * one.num_gpus
+
+
 def search(space: SearchSpace, evaluate: Evaluate, slo: Slo) -> Plan:
     """The cheapest deployment that serves `space.target_rate_per_s` within `slo`."""
     runner = _Runner(space, evaluate, slo)
     capacities: dict[Deployment, float] = {}
     verified: list[Trial] = []
     reasons: list[str] = []
-    for candidate in space.candidates:
+    pruned: list[str] = []
+    candidates = space.candidates
+    if not space.exhaustive:  # cheapest first, so that a verified plan prunes the rest
+        candidates = tuple(sorted(candidates, key=lambda c: min_cost_per_hour(space, c)))
+    for candidate in candidates:
+        best = min((t.cost_per_hour_usd for t in verified), default=math.inf)
+        floor = min_cost_per_hour(space, candidate)
+        if not space.exhaustive and floor > best:  # ties still run: latency breaks them
+            pruned.append(f"{_describe(candidate)}: costs at least {floor:.4g} $/h, above the "
+                          f"verified {best:.4g} $/h")
+            continue
         capacity = replica_capacity(runner, candidate)
         capacities[candidate] = capacity
         if capacity == 0.0:
@@ -193,16 +241,19 @@ def search(space: SearchSpace, evaluate: Evaluate, slo: Slo) -> Plan:
                            f"{space.max_num_replicas} replicas or never verifies")
         else:
             verified.append(trial)
-    ranked = sorted(verified, key=lambda t: (t.cost_per_hour_usd, t.mean.get("e2e_p99_s", 0.0)))
+    # The last tie-break: the order the candidates were given in.
+    order = {replace(c, num_replicas=1): i for i, c in enumerate(space.candidates)}
+    ranked = sorted(verified, key=lambda t: (t.cost_per_hour_usd, t.mean.get("e2e_p99_s", 0.0),
+                                             order[replace(t.deployment, num_replicas=1)]))
     at_target = [t for t in runner.trials if t.rate_per_s == space.target_rate_per_s]
     front = pareto_front(at_target)
     if not ranked:
         return Plan(False, "no deployment meets the SLOs: " + "; ".join(reasons), None, 0.0,
-                    (), front, tuple(runner.trials), capacities)
+                    (), front, tuple(runner.trials), capacities, tuple(pruned))
     best = ranked[0]
     base = replace(best.deployment, num_replicas=1)
     return Plan(True, "cheapest verified deployment", best, capacities[base],
-                tuple(ranked[1:]), front, tuple(runner.trials), capacities)
+                tuple(ranked[1:]), front, tuple(runner.trials), capacities, tuple(pruned))
 
 
 def _describe(d: Deployment) -> str:
