@@ -21,8 +21,9 @@ from planner.workloads import OFFLINE_NOTE, is_offline
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan GPU capacity for serving many LoRA adapters on one base model.")
-console = Console(soft_wrap=True, highlight=False)
-errors = Console(stderr=True, soft_wrap=True, highlight=False)
+# No emoji codes: ":x:" in a user's value must print as typed.
+console = Console(soft_wrap=True, highlight=False, emoji=False)
+errors = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)
 
 BAD_INPUT_EXIT = 2
 FAILED_POINTS_EXIT = 1

@@ -13,6 +13,7 @@ import functools
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -136,6 +137,19 @@ def _rows_of_version(path: str, fmt: str, mtime_ns: int, size: int) -> list[tupl
     return read_trace_rows(Path(path), fmt, None)
 
 
+_COLUMN_NAME = re.compile(r"^[A-Za-z_][\w .()\[\]/-]{0,39}$")
+
+
+def _found(row: dict) -> str:
+    """The columns a file has, named only when they look like column names: the file may not be
+    a trace at all, and its contents are not echoed."""
+    names = [str(k) for k in row]
+    if not all(_COLUMN_NAME.match(n) for n in names):
+        return f"its first row has {len(names)} field(s) that are not column names (a trace file?)"
+    shown = sorted(names)[:20]
+    return f"found {shown}" + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+
+
 @dataclass(frozen=True)
 class TraceTable:
     """The replayed rows of a trace, in arrival order, with their file locations."""
@@ -163,10 +177,7 @@ def read_trace(path: str | Path, *, fmt: str = "csv", arrival_column: str = "tim
     needed = [arrival_column, input_column, output_column, hash_ids_column, adapter_column]
     missing = [c for c in needed if c is not None and c not in rows[0][1]]
     if missing:
-        found = sorted(str(k) for k in rows[0][1])
-        shown = found[:20] + ([f"... {len(found) - 20} more"] if len(found) > 20 else [])
-        raise TraceError(f"{rows[0][0]}: missing column(s) {missing}; found "
-                         f"{[name[:40] for name in shown]}")
+        raise TraceError(f"{rows[0][0]}: missing column(s) {missing}; {_found(rows[0][1])}")
     arrival = np.array([_parse_time(r[arrival_column], time_unit, w) for w, r in rows])
     # Sorted before the cut: `max_requests` keeps the earliest requests, whatever the file order.
     order = np.argsort(arrival, kind="stable")[:max_requests]

@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from planner_helpers import molcap
 
 from planner.loading import ScenarioError, load_scenario
 
@@ -183,3 +184,18 @@ def test_a_scenario_without_an_arrival_rate_is_valid(tmp_path):
                         "num_gpus_per_replica: 1")
     scenario = load_scenario(scenario_file(tmp_path, text + "workload: {kind: punica}\n"))
     assert scenario.workload.arrival_rate_per_s is None
+
+
+def test_a_file_that_is_not_a_trace_is_not_echoed(tmp_path):
+    (tmp_path / "trace.csv").write_text("password:x:hunter2:/root\nmore:secret\n")
+    path = scenario_file(tmp_path, TRACE_SCENARIO)
+    result = molcap("validate", str(path), cwd=tmp_path)
+    assert result.returncode == 2 and "missing column(s)" in result.stderr
+    assert "hunter2" not in result.stderr and "password" not in result.stderr
+    assert "\N{CROSS MARK}" not in result.stderr  # no emoji for ":x:"-like text either
+
+
+def test_a_value_that_looks_like_an_emoji_code_prints_as_typed(tmp_path):
+    path = scenario_file(tmp_path, "name: x\nmodel: ':x:'\nstrategies: [{kind: base}]\n")
+    result = molcap("validate", str(path), cwd=tmp_path)
+    assert result.returncode == 2 and "':x:'" in result.stderr, result.stderr
