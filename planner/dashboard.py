@@ -199,17 +199,30 @@ def sim_violations(scenario: Scenario, summary: pd.DataFrame) -> dict[str, list[
             for row in summary.to_dict(orient="records")}
 
 
+def plan_headline(scenario: Scenario, plan: PlanTables | None) -> str | None:
+    """The plan's recommendation in one line: the cheapest adapter strategy within the SLOs
+    (lowest p99 TTFT among equally cheap ones), or None without a feasible plan."""
+    if plan is None or plan.plans.empty:
+        return None
+    feasible = plan.plans[plan.plans["is_feasible"].astype(bool)]
+    adapted = _adapter_strategies(scenario, feasible) if not feasible.empty else feasible
+    if adapted.empty:
+        return None
+    best = adapted.sort_values(["cost_per_hour_usd", "ttft_p99_s"]).iloc[0]
+    ties = adapted[adapted["cost_per_hour_usd"] == best["cost_per_hour_usd"]]
+    also = f" (as cheap: {', '.join(ties['strategy'][1:])})" if len(ties) > 1 else ""
+    replicas = int(best["num_replicas"])
+    return (f"Plan: {best['strategy']} on {int(best['num_gpus'])} x {best['gpu']} "
+            f"(TP={int(best['tensor_parallel_size'])}, {replicas} "
+            f"replica{'s' if replicas > 1 else ''}) at {best['cost_per_hour_usd']:,.2f} USD/h, "
+            f"p99 TTFT {best['ttft_p99_s']:.3g} s: the cheapest adapter strategy within the "
+            f"SLOs{also}.")
+
+
 def recommendation(scenario: Scenario, sim: SimTables, plan: PlanTables | None) -> list[str]:
     """A few lines saying what the numbers recommend, plan first, then the simulation."""
-    lines = []
-    feasible = (plan.plans[plan.plans["is_feasible"].astype(bool)]
-                if plan is not None and not plan.plans.empty else pd.DataFrame())
-    if not feasible.empty:
-        best = feasible.sort_values("cost_per_hour_usd").iloc[0]
-        lines.append(
-            f"Cheapest plan: {best['strategy']} on {int(best['num_gpus'])} x {best['gpu']} "
-            f"(TP={int(best['tensor_parallel_size'])}, {int(best['num_replicas'])} replicas) "
-            f"at {best['cost_per_hour_usd']:,.2f} USD/h, p99 TTFT {best['ttft_p99_s']:.3g} s.")
+    headline = plan_headline(scenario, plan)
+    lines = [headline] if headline else []
     if not sim.summary.empty:
         hw = scenario.hardware
         misses = {k: v for k, v in sim_violations(scenario, sim.summary).items() if v}

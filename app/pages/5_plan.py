@@ -7,7 +7,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import layout, state
-from planner.dashboard import PlanJob, PlanTables, stored_plan
+from planner.dashboard import PlanJob, PlanTables, plan_headline, stored_plan
 from planner.figures import pareto_figure, plan_figure
 
 JOB = "plan_job"
@@ -42,14 +42,13 @@ def _controls(scenario) -> PlanJob | None:
     return job
 
 
-def _show(plan: PlanTables) -> None:
+def _show(scenario, plan: PlanTables) -> None:
     plans = plan.plans
     feasible = plans[plans["is_feasible"].astype(bool)]
+    headline = plan_headline(scenario, plan)
+    if headline:
+        st.success(headline)
     if not feasible.empty:
-        best = feasible.sort_values("cost_per_hour_usd").iloc[0]
-        st.success(f"Cheapest: {best['strategy']} on {int(best['num_gpus'])} x {best['gpu']} at "
-                   f"{best['cost_per_hour_usd']:,.2f} USD/h "
-                   f"({best['cost_per_million_tokens_usd']:.3f} USD per million tokens).")
         st.plotly_chart(plan_figure(plans), width="stretch")
         st.dataframe(feasible[[c for c in PLAN_COLUMNS if c in feasible]], hide_index=True,
                      key="plan_table")
@@ -85,7 +84,7 @@ def main() -> None:
         return
     if plan.num_missing:
         st.caption(f"{plan.num_missing} strategies still without a finished plan.")
-    _show(plan)
+    _show(scenario, plan)
 
 
 main()

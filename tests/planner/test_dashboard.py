@@ -8,6 +8,7 @@ import pytest
 
 from planner.dashboard import (
     compare_summaries,
+    plan_headline,
     plan_scenario,
     select_strategies,
     stored_plan,
@@ -96,6 +97,7 @@ def test_plans_share_the_points_store_of_molcap_run(tmp_path):
     again = stored_plan(scenario, tmp_path)
     assert again.num_missing == 0
     assert again.plans["cost_per_hour_usd"].iloc[0] == plan.plans["cost_per_hour_usd"].iloc[0]
+    assert plan_headline(scenario, again).startswith("Plan: multi_lora on 1 x H100-SXM (TP=1")
 
 
 def test_compare_summaries_gives_the_change_per_metric():
