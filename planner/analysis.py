@@ -15,9 +15,9 @@ import pandas as pd
 
 from planner.profiles import StrategyCosting, create_strategy_costing
 from planner.scenario import Scenario
-from sim.cost_model import routing_decision_s
+from sim.cost_model import create_step_batch, predict_step, routing_decision_s
 from sim.memory_model import conversation_kv
-from sim.phase_costs import bounded_replay_s, decode_run_s, decode_step, prefill_s
+from sim.phase_costs import decode_run_s, decode_step, prefill_s
 
 GIB = 2**30
 
@@ -65,23 +65,41 @@ def decision_time_s(scenario: Scenario, strategy, costing: StrategyCosting,
     return 0.0
 
 
+def _replay_in_step_s(costing: StrategyCosting, num_query_tokens: int,
+                      num_context_tokens: int) -> float:
+    """What a bounded replay adds to the step that prefills the user turn (the engine runs it
+    with the answer's first chunk): the step with it minus the step without it."""
+    c, p = costing.coeffs, costing.profile
+    replay = min(costing.replay_window_tokens, num_context_tokens)
+    items = dict(num_layers=p.num_layers, adapter_ids=[0, 0], is_adapted=[True, True],
+                 first_layer=[0, costing.first_decoder_layer], last_layer=[p.num_layers] * 2,
+                 is_replay=[False, True], is_last_chunk=[True, False])
+    both = create_step_batch([num_query_tokens, replay],
+                             [num_context_tokens, num_context_tokens - replay], **items)
+    alone = create_step_batch([num_query_tokens], [num_context_tokens],
+                              **{k: v[:1] if isinstance(v, list) else v for k, v in items.items()})
+    return predict_step(c, p, both).total_s - predict_step(c, p, alone).total_s
+
+
 def switch_cost_s(scenario: Scenario, strategy, costing: StrategyCosting,
                   num_context_tokens: int) -> tuple[float, str]:
-    """Seconds of one domain switch at this context, and the mechanism's name."""
+    """Seconds one domain switch adds to a turn at this context, and the mechanism's name: the
+    turn's prefill of the user turn with the switch minus without it (the analysis query)."""
     c, p = costing.coeffs, costing.profile
     chunk = scenario.engine.max_num_batched_tokens
+    query = scenario.analysis.num_query_tokens
     if strategy.kind == "base":
         return math.nan, "none (no adapters)"
     if strategy.kind == "multi_agent":
         tokens = strategy.num_handover_tokens or num_context_tokens
         return prefill_s(c, p, tokens, max_chunk_tokens=chunk), "handover prefill (next model)"
     if costing.kv_layout == "shared":  # adapters on the decoder side of a CED model
-        seconds = bounded_replay_s(
-            c, p, num_context_tokens=num_context_tokens, window_tokens=costing.replay_window_tokens,
-            first_decoder_layer=costing.first_decoder_layer, max_chunk_tokens=chunk)
+        seconds = _replay_in_step_s(costing, query, num_context_tokens)
         mechanism = "bounded replay"
-    else:
-        seconds = prefill_s(c, p, num_context_tokens, max_chunk_tokens=chunk)
+    else:  # the context again under the target, with the user turn, instead of the turn alone
+        seconds = (prefill_s(c, p, num_context_tokens + query, max_chunk_tokens=chunk)
+                   - prefill_s(c, p, query, num_context_tokens=num_context_tokens,
+                               max_chunk_tokens=chunk))
         mechanism = "handoff prefill" if strategy.kind == "mol" else "re-prefill"
     if strategy.kind == "mol" and strategy.max_summary_tokens:
         # the answering adapter writes a summary for later hops

@@ -123,6 +123,7 @@ def switch_cost_figure(turns: pd.DataFrame) -> go.Figure:
 
 _SERIES_UNITS = {
     "kv_blocks_used": "KV blocks in use (blocks)", "kv_blocks_cached": "KV blocks cached (blocks)",
+    "kv_blocks_occupied": "KV blocks held or cached (blocks)",
     "num_running": "running sequences (count)", "num_waiting": "waiting sequences (count)",
     "batch_size": "batch size (sequences)",
     "num_resident_adapters": "adapters in GPU slots (count)",

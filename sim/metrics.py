@@ -34,8 +34,8 @@ _TURN_COLUMNS = dict(
     decode_busy_s="d", summary_busy_s="d")
 _SAMPLE_COLUMNS = dict(
     time_s="d", replica="q", num_running="q", num_waiting="q", batch_size="q",
-    kv_blocks_used="q", kv_blocks_cached="q", num_resident_adapters="q", num_adapter_loads="q",
-    num_preemptions="q")
+    kv_blocks_used="q", kv_blocks_cached="q", kv_blocks_occupied="q", num_resident_adapters="q",
+    num_adapter_loads="q", num_preemptions="q")
 
 
 @dataclass(slots=True)
@@ -139,7 +139,8 @@ class MetricsRecorder:
         engine = replica.engine
         kv, slots = engine.kv, engine.slots
         self.samples.append(now, replica.index, len(engine.running), len(engine.waiting),
-                            batch_size, kv.num_used, kv.num_cached, len(slots.resident),
+                            batch_size, kv.num_used, kv.num_cached,
+                            kv.num_blocks - kv.num_free_uncached, len(slots.resident),
                             slots.num_loads, engine.num_preemptions)
         held: dict[int, int] = {}
         for seq in engine.running:

@@ -1,0 +1,71 @@
+"""The analytical tables agree with a simulation of the same case: KV one conversation holds
+(one copy per adapter visited where KV depends on the adapter, one shared copy on decoder-side
+CED adapters) and the cost of one switch."""
+
+import numpy as np
+import pytest
+
+from planner.analysis import kv_per_conversation, switch_cost
+from planner.scenario import Scenario
+from planner.simulation import simulate_strategy
+from sim.memory_model import window_state_bytes_per_seq
+from sim.workloads import Workload
+
+CONTEXT = 4096
+ADAPTERS = [{"name": f"d{i}"} for i in range(3)]
+
+
+def scenario(strategy, model="llama-3.1-8b", gpu="H100-SXM", tp=1):
+    return Scenario.model_validate(dict(
+        model=model, hardware=dict(gpu=gpu, num_gpus_per_replica=tp, tensor_parallel_size=tp),
+        engine=dict(max_num_seqs=8), strategies=[strategy],
+        analysis=dict(context_tokens=[CONTEXT], adapters_visited=[1, 3],
+                      decode_tokens_per_turn=[16], decision_every_tokens=[16],
+                      distinct_adapters=[1], decode_batch_size=1, num_query_tokens=1)))
+
+
+def one_conversation(domains, think_s=100.0):
+    """One conversation of 1-token turns after CONTEXT tokens, each turn alone on the GPU."""
+    n = len(domains)
+    return Workload(
+        conv_arrival_s=np.zeros(1), conv_first_turn=np.zeros(1, int),
+        conv_num_turns=np.array([n]), conv_initial_tokens=np.array([CONTEXT]),
+        turn_domain=np.array(domains), turn_user_tokens=np.ones(n, int),
+        turn_reply_tokens=np.ones(n, int), turn_think_s=np.r_[0.0, np.full(n - 1, think_s)])
+
+
+CASES = {
+    "multi_lora": ({"kind": "multi_lora", "adapters": ADAPTERS}, {}),
+    "mol2_ced": ({"kind": "mol2", "adapters": ADAPTERS, "router_accuracy": 1.0},
+                 dict(model="ced-40", gpu="H200", tp=8)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_kv_per_conversation_matches_the_blocks_the_simulation_keeps(case):
+    strategy, hw = CASES[case]
+    s = scenario(strategy, **hw)
+    table = kv_per_conversation(s).set_index("adapters_visited")["kv_gib"]
+    result = simulate_strategy(s, 0, workload=one_conversation([0, 1, 2]),
+                               timeseries_interval_s=0.0)
+    mem = s.engine.memory(s.model_arch, s.hardware.gpu_spec, s.hardware.tensor_parallel_size,
+                          uses_lora=True)
+    # The last sample: the third turn's answer still running, the earlier copies cached.
+    held = result.timeseries["kv_blocks_occupied"].iloc[-1]
+    held_gib = held * mem.block_size * mem.kv_bytes_per_token_per_gpu / 2**30
+    # The CED window lives outside the paged pool (the memory model reserves it per sequence).
+    window = window_state_bytes_per_seq(s.model_arch) / 2**30
+    copies = 3 if case == "multi_lora" else 1
+    assert held_gib == pytest.approx(table[3] - copies * window, rel=0.01)
+    assert table[3] == pytest.approx(copies * table[1], rel=0.01)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_switch_cost_matches_the_simulated_switch(case):
+    strategy, hw = CASES[case]
+    s = scenario(strategy, **hw)
+    analytical = switch_cost(s)["switch_s"].iloc[0]
+    same = simulate_strategy(s, 0, workload=one_conversation([0, 0])).turns.iloc[1]
+    switched = simulate_strategy(s, 0, workload=one_conversation([0, 1])).turns.iloc[1]
+    simulated = (switched.ttft_s - switched.route_s) - (same.ttft_s - same.route_s)
+    assert simulated == pytest.approx(analytical, rel=0.15)
