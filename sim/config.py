@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sim.cost_model import CostCoeffs
-from sim.placement import KvLayout
+from sim.placement import KvLayout, kv_layout
 from sim.specs import GpuSpec, ModelArch
 
 StrategyKind = Literal[
@@ -87,9 +87,10 @@ class StrategySpec(_Frozen):
     """Which mechanism serves a turn."""
     label: str = ""
     """Name in reports."""
-    kv_layout: KvLayout
+    kv_layout: KvLayout | None = None
     """Shared KV with bounded replay, per-adapter KV with re-prefill, one copy, or one model per
-    domain: decided by where the adapters sit (`sim.placement.kv_layout`), never by `kind`."""
+    domain: decided by where the adapters sit (`sim.placement.kv_layout`), never by `kind`.
+    None: derived from the model and `adapter_placements` when the SimConfig is built."""
     adapters: tuple[AdapterSpec, ...] = ()
     """Domain adapters; workload domain d uses adapter d mod len(adapters)."""
     adapter_kind: Literal["lora", "direft", "none"] = "none"
@@ -190,8 +191,23 @@ class SimConfig(_Frozen):
     check_invariants: bool = False
     """Check KV accounting after every step (tests)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_layout(cls, data):
+        strategy, arch = (data.get("strategy"), data.get("arch")) if isinstance(data, dict) \
+            else (None, None)
+        if isinstance(strategy, StrategySpec) and strategy.kv_layout is None \
+                and isinstance(arch, ModelArch):
+            pairs = [list(strategy.adapter_placements)] if strategy.adapter_placements else []
+            layout = kv_layout(arch, strategy.kind, pairs)
+            data = {**data, "strategy": strategy.model_copy(update={"kv_layout": layout})}
+        return data
+
     @model_validator(mode="after")
     def _layout_fits_model(self) -> SimConfig:
+        if self.strategy.kv_layout is None:
+            raise ValueError("strategy.kv_layout: unresolved; give it or the model and "
+                             "adapter_placements it follows from")
         if self.strategy.kv_layout == "shared" and self.arch.ced is None:
             raise ValueError(f"strategy.kv_layout='shared' needs a causal encoder-decoder model; "
                              f"{self.arch.name!r} is decoder-only")

@@ -249,3 +249,19 @@ def test_an_explicit_kv_size_is_the_pool():
                            max_loras=2, max_lora_rank=8, uses_lora=False,
                            kv_cache_memory_bytes=32 * 16 * 10)
     assert mem.num_kv_blocks == 10  # 32 bytes a token, 16-token blocks
+
+
+def test_a_sim_config_derives_the_kv_layout_from_the_model_and_placements():
+    from sim.config import SimConfig, StrategySpec
+    from sim.placement import adapter_placements
+    ced, llama, h200 = get_model("ced-40"), get_model("llama-3.1-8b"), get_gpu("H200")
+    decoder_side = tuple(adapter_placements(ced, None, ("q_proj",)))
+    everywhere = tuple(adapter_placements(ced, tuple(range(40)), ("q_proj",)))
+    layout = {name: SimConfig(arch=arch, gpu=h200, strategy=StrategySpec(
+        kind="multi_lora", adapter_placements=pairs)).strategy.kv_layout
+        for name, arch, pairs in (("ced", ced, decoder_side), ("ced_all", ced, everywhere),
+                                  ("llama", llama, tuple(adapter_placements(llama, None,
+                                                                            ("q_proj",)))))}
+    assert layout == {"ced": "shared", "ced_all": "per_adapter", "llama": "per_adapter"}
+    assert SimConfig(arch=llama, gpu=h200, strategy=StrategySpec(kind="base")) \
+        .strategy.kv_layout == "one_copy"
