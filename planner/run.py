@@ -106,8 +106,8 @@ _PLAN_COLUMNS = (
     "strategy", "is_feasible", "gpu", "num_gpus", "tensor_parallel_size", "num_replicas",
     "cost_per_hour_usd", "cost_per_million_tokens_usd", "per_replica_rate_per_s",
     "ttft_p99_s", "ttft_p99_s_min", "ttft_p99_s_max", "tpot_p99_s", "e2e_p99_s",
-    "e2e_p99_s_min", "e2e_p99_s_max", "output_tokens_per_s", "misroute_rate", "max_num_seqs",
-    "max_loras", "reason", "pruned",
+    "e2e_p99_s_min", "e2e_p99_s_max", "output_tokens_per_s", "misroute_rate",
+    "routing_gpu_share", "max_num_seqs", "max_loras", "reason", "pruned",
 )
 
 
