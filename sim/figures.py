@@ -177,7 +177,7 @@ def throughput_figure(summary: pd.DataFrame) -> go.Figure:
     fig.update_layout(barmode="group", title="Throughput and goodput (turns within the SLOs)",
                       xaxis_title="strategy", yaxis_title="output tokens per second (tokens/s)",
                       yaxis2=dict(title="goodput (turns/s)", overlaying="y", side="right",
-                                  rangemode="tozero"),
+                                  rangemode="tozero", tickformat=".2~f", showgrid=False),
                       legend=dict(orientation="h", y=1.12))
     return fig
 

@@ -25,7 +25,9 @@ def main() -> None:
     left.plotly_chart(timeseries_figure(sim.timeseries, "kv_blocks_used"), width="stretch")
     right.plotly_chart(timeseries_figure(sim.timeseries, "num_preemptions"), width="stretch")
     labels = list(sim.summary["strategy"])
-    label = st.selectbox("KV copies and adapters of", labels, key="memory_strategy")
+    kinds = {s.label: s.kind for s in whatif.strategies}
+    first = next((i for i, s in enumerate(labels) if kinds.get(s) != "base"), 0)
+    label = st.selectbox("KV copies and adapters of", labels, index=first, key="memory_strategy")
     kv = sim.kv_by_namespace[sim.kv_by_namespace["strategy"] == label]
     left, right = st.columns(2)
     if kv.empty:
