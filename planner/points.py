@@ -174,6 +174,7 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
         process.terminate()
     for process in processes:
         process.join(timeout=5)
+    pool.shutdown(wait=True)  # joins the manager thread now, not in a racing exit hook
 
 
 def _run_local(todo: list[PointTask], fn: PointFn, finish, num_workers: int | None) -> None:
