@@ -194,3 +194,18 @@ def adapter_activity_figure(kv_by_namespace: pd.DataFrame) -> go.Figure:
     fig.update_layout(title="Adapters holding KV on the GPU over time",
                       xaxis_title="simulated time (s)", yaxis_title="KV copy")
     return fig
+
+
+def adapter_residency_figure(timeseries: pd.DataFrame) -> go.Figure:
+    """Which adapters sit in one replica's GPU slots over time (from `resident_adapter_mask`):
+    a row per adapter, filled while it is resident; loads and evictions show as edges."""
+    masks = timeseries["resident_adapter_mask"].to_numpy(dtype=np.int64)
+    top = int(masks.max()).bit_length() if masks.size else 0
+    rows = [(masks >> a) & 1 for a in range(top)]
+    fig = go.Figure(go.Heatmap(
+        z=rows, x=timeseries["time_s"], y=[f"adapter {a}" for a in range(top)],
+        colorscale=[[0, "#f4f4f4"], [1, "#1f77b4"]], showscale=False, zmin=0, zmax=1,
+        hovertemplate="%{y}<br>t=%{x:.1f} s<br>resident: %{z}<extra></extra>"))
+    fig.update_layout(title="Adapters in the GPU slots over time (one replica)",
+                      xaxis_title="simulated time (s)", yaxis_title="adapter")
+    return fig

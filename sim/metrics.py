@@ -35,7 +35,7 @@ _TURN_COLUMNS = dict(
 _SAMPLE_COLUMNS = dict(
     time_s="d", replica="q", num_running="q", num_waiting="q", batch_size="q",
     kv_blocks_used="q", kv_blocks_cached="q", kv_blocks_occupied="q", num_resident_adapters="q",
-    num_adapter_loads="q", num_preemptions="q")
+    num_adapter_loads="q", num_preemptions="q", resident_adapter_mask="q")
 
 
 @dataclass(slots=True)
@@ -83,6 +83,15 @@ class TurnRecord:
         self.num_prefill_tokens_computed = seq.num_prefill_tokens_computed
         self.num_cached_tokens = seq.num_cached_tokens
         self.num_replay_tokens = seq.num_replay_tokens if seq.is_replay_done else 0
+
+
+MASKED_ADAPTERS = 63
+"""Adapters 0..62 are recorded in `resident_adapter_mask` (bit i: adapter i in a GPU slot)."""
+
+
+def resident_mask(adapters) -> int:
+    """Bit mask of the resident adapters (those past MASKED_ADAPTERS are left out)."""
+    return sum(1 << a for a in adapters if 0 <= a < MASKED_ADAPTERS)
 
 
 class MetricsRecorder:
@@ -141,7 +150,8 @@ class MetricsRecorder:
         self.samples.append(now, replica.index, len(engine.running), len(engine.waiting),
                             batch_size, kv.num_used, kv.num_cached,
                             kv.num_blocks - kv.num_free_uncached, len(slots.resident),
-                            slots.num_loads, engine.num_preemptions)
+                            slots.num_loads, engine.num_preemptions,
+                            resident_mask(slots.resident))
         held: dict[int, int] = {}
         for seq in engine.running:
             held[seq.kv_namespace] = held.get(seq.kv_namespace, 0) + len(seq.block_keys)

@@ -6,7 +6,12 @@ from __future__ import annotations
 import streamlit as st
 
 from app import compute, layout
-from sim.figures import adapter_activity_figure, kv_namespace_figure, timeseries_figure
+from sim.figures import (
+    adapter_activity_figure,
+    adapter_residency_figure,
+    kv_namespace_figure,
+    timeseries_figure,
+)
 
 
 def main() -> None:
@@ -35,6 +40,11 @@ def main() -> None:
     else:
         left.plotly_chart(kv_namespace_figure(kv), width="stretch")
         right.plotly_chart(adapter_activity_figure(kv), width="stretch")
+    series = sim.timeseries[sim.timeseries["strategy"] == label]
+    if "resident_adapter_mask" in series and series["resident_adapter_mask"].any():
+        replica = int(series["replica"].min())
+        st.plotly_chart(adapter_residency_figure(series[series["replica"] == replica]),
+                        width="stretch", key="residency")
     left, right = st.columns(2)
     left.plotly_chart(timeseries_figure(sim.timeseries, "num_resident_adapters"),
                       width="stretch")

@@ -8,7 +8,7 @@ from tests.app.conftest import no_exceptions, open_app, texts
 
 CHART_PAGES = {
     "pages/2_latency.py": 5,
-    "pages/3_memory.py": 6,
+    "pages/3_memory.py": 7,
     "pages/4_switching.py": 5,
 }
 

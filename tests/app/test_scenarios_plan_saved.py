@@ -118,3 +118,14 @@ def test_every_shipped_scenario_opens(in_workdir, scenario):
     no_exceptions(at)
     summary = at.dataframe[0].value
     assert len(summary) >= 1 and (summary["turns_per_s"] > 0).all()
+
+
+def test_an_uploaded_scenario_opens_with_its_results(in_workdir):
+    at = open_app()
+    text = TINY.format(name="uploaded", ttft=10).encode()
+    at.sidebar.file_uploader(key="upload").set_value(("mine.yaml", text, "application/x-yaml"))
+    at.run()
+    no_exceptions(at)
+    assert at.title[0].value == "molcap what-if: uploaded"
+    assert list(at.dataframe[0].value["strategy"]) == ["multi_lora"]
+    assert at.session_state["scenario_source"] == "mine.yaml"

@@ -44,3 +44,12 @@ def test_timeseries_figures(results):
     kv = results["mol"].kv_by_namespace
     names = {trace.name for trace in figures.kv_namespace_figure(kv).data}
     assert len(names) > 1 and all(n.startswith("adapter") for n in names)
+
+
+def test_adapter_residency_follows_the_slots(results):
+    ts = results["multi_lora"].timeseries
+    masks = ts["resident_adapter_mask"]
+    counts = masks.map(lambda m: bin(int(m)).count("1"))
+    assert (counts == ts["num_resident_adapters"]).all() and masks.max() > 0
+    fig = figures.adapter_residency_figure(ts[ts["replica"] == 0])
+    assert sum(sum(row) for row in fig.data[0].z) == counts[ts["replica"] == 0].sum()
