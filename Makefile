@@ -35,7 +35,8 @@ test: $(VENV)/.test-installed browser
 # downloaded browser): installed with apt when running as root.
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
-	if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium chromium-driver; \
+	if [ "$$(id -u)" = 0 ]; then apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
 	else echo "make test: the dashboard's browser test needs Debian's chromium and chromium-driver:" \
 	  "sudo apt-get install -y chromium chromium-driver (that test fails without them)" >&2; fi
 
