@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.progress import Progress
+from rich.text import Text
 
 from planner.loading import ScenarioError, load_scenario
 from planner.scenario import Scenario
@@ -21,9 +22,9 @@ from planner.workloads import OFFLINE_NOTE, is_offline
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan GPU capacity for serving many LoRA adapters on one base model.")
-# No emoji codes: ":x:" in a user's value must print as typed.
-console = Console(soft_wrap=True, highlight=False, emoji=False)
-errors = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)
+# No markup or emoji codes: user values ("[/x]", ":x:") must print as typed, never crash.
+console = Console(soft_wrap=True, highlight=False, emoji=False, markup=False)
+errors = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False, markup=False)
 
 BAD_INPUT_EXIT = 2
 FAILED_POINTS_EXIT = 1
@@ -124,7 +125,7 @@ def run(
 
 def _print_plan(result) -> None:
     plans = result.plans
-    console.print(f"[bold]{result.scenario.name}[/bold]: capacity plan")
+    console.print(Text.assemble((result.scenario.name, "bold"), ": capacity plan"))
     for note in result.notes:
         console.print(f"  {note}", markup=False)
     for row in plans.to_dict(orient="records"):

@@ -22,6 +22,7 @@ import pandas as pd
 
 from planner.plan_points import plan_point, scenario_tasks, simulate_point
 from planner.points import PointStore, progress_counter, run_points
+from planner.report import file_name
 from planner.scenario import Scenario
 from planner.slo import slo_violations
 from planner.workloads import ConversationWorkload, PunicaWorkload
@@ -54,7 +55,7 @@ def select_strategies(scenario: Scenario, labels: list[str]) -> Scenario:
 
 def points_dir(scenario: Scenario, out_root: str | Path) -> Path:
     """Where `molcap run` keeps the scenario's finished points."""
-    return Path(out_root) / scenario.name / "points"
+    return Path(out_root) / file_name(scenario.name) / "points"
 
 
 @dataclass(frozen=True)

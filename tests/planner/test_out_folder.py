@@ -5,7 +5,7 @@ characters; a run and a sweep with hostile names write only under the output fol
 from __future__ import annotations
 
 import pytest
-from planner_helpers import TINY, files_under, write_tiny
+from planner_helpers import TINY, files_under, molcap, write_tiny
 
 from planner.loading import ScenarioError
 from planner.report import file_name
@@ -76,3 +76,22 @@ def test_a_sweep_named_dot_dot_stays_under_out(tmp_path):
     written = files_under(tmp_path) - before
     assert written and all(p.resolve().parent != out.resolve() for p in written)
     assert all(p.resolve().is_relative_to(out.resolve()) for p in written)
+
+
+def test_the_dashboard_finds_the_points_where_run_wrote_them(tmp_path):
+    from planner.dashboard import points_dir
+    from planner.loading import load_scenario
+
+    path = write_tiny(tmp_path, "hostile", TINY.replace("name: tiny", "name: ../../escaped"))
+    run_scenario_file(path, tmp_path / "out", backend="inline")
+    folder = points_dir(load_scenario(path), tmp_path / "out")
+    assert folder.resolve().is_relative_to((tmp_path / "out").resolve())
+    assert len(list(folder.glob("*.json"))) == 4
+
+
+def test_a_name_with_console_markup_prints_as_typed(tmp_path):
+    name = "[/bold][red]x[/nope]"
+    path = write_tiny(tmp_path, "markup", TINY.replace("name: tiny", f"name: '{name}'"))
+    result = molcap("run", str(path), "--out", "out", "--backend", "inline", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"{name}: capacity plan" in result.stdout
