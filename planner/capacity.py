@@ -16,7 +16,7 @@ import numpy as np
 from planner.profiles import create_strategy_costing
 from planner.scenario import Scenario
 from planner.search import Deployment, Plan, SearchSpace, search
-from planner.simulation import create_workload, simulate_strategy
+from planner.simulation import create_workload, num_router_replicas, simulate_strategy
 from planner.workloads import ConversationWorkload, PunicaWorkload
 from sim.catalogue import GPUS
 from sim.phase_costs import decode_step, prefill_s
@@ -105,7 +105,8 @@ def fitting_candidates(scenario: Scenario, index: int,
             dropped.append(f"{gpu} TP={tp}: {arch.name} leaves KV for {mem.num_kv_tokens} "
                            f"tokens, the workload needs {shape.max_context_tokens}")
         else:
-            kept.append(Deployment(gpu, tp, 1, seqs, loras, num_model_copies=copies))
+            kept.append(Deployment(gpu, tp, 1, seqs, loras, num_model_copies=copies,
+                                   num_router_replicas=num_router_replicas(scenario, index)))
     return kept, dropped
 
 

@@ -27,6 +27,7 @@ def _trial_row(label: str, trial: Trial) -> dict:
     d = trial.deployment
     row = dict(strategy=label, gpu=d.gpu, tensor_parallel_size=d.tensor_parallel_size,
                num_replicas=d.num_replicas, num_model_copies=d.num_model_copies,
+               num_router_replicas=d.num_router_replicas,
                max_num_seqs=d.max_num_seqs, max_loras=d.max_loras, num_gpus=d.num_gpus,
                rate_per_s=trial.rate_per_s, cost_per_hour_usd=trial.cost_per_hour_usd,
                meets_slo=trial.meets_slo, violations="; ".join(trial.violations),

@@ -29,11 +29,14 @@ class Deployment:
     max_loras: int = 4
     num_model_copies: int = 1
     """Full model copies per replica group (one per agent under multi-agent)."""
+    num_router_replicas: int = 0
+    """Replicas of a dedicated router pool, fixed while the serving replicas scale out."""
 
     @property
     def num_gpus(self) -> int:
         """GPUs of the whole deployment."""
-        return self.tensor_parallel_size * self.num_replicas * self.num_model_copies
+        return self.tensor_parallel_size * (self.num_replicas * self.num_model_copies
+                                            + self.num_router_replicas)
 
 
 _DESCENT_FACTOR = 16.0

@@ -173,6 +173,13 @@ def _slo_targets(scenario: Scenario) -> dict:
                 e2e_slo_s=s.e2e_p99_s or s.e2e_p50_s)
 
 
+def num_router_replicas(scenario: Scenario, index: int) -> int:
+    """Replicas of strategy `index`'s dedicated router pool (0 when routing runs on the
+    serving GPUs)."""
+    st = scenario.strategies[index]
+    return st.num_router_replicas if getattr(st, "router_pool", "serving") == "dedicated" else 0
+
+
 def simulate_strategy(
     scenario: Scenario, strategy_index: int, *, num_replicas: int | None = None,
     router: RouterPolicy | None = None, mode: str = "fast", seed: int | None = None,
@@ -199,7 +206,8 @@ def simulate_strategy(
         tensor_parallel_size=hw.tensor_parallel_size, engine=engine_limits(scenario),
         strategy=strategy, coeffs=resolve_pricing(scenario, scenario_dir).coeffs,
         cluster=ClusterSpec(num_replicas=replicas, router=router or hw.router,
-                            disaggregation=disagg),
+                            disaggregation=disagg,
+                            num_router_replicas=num_router_replicas(scenario, strategy_index)),
         bounds=bounds or SimBounds(**scenario.simulation.model_dump()), seed=run_seed, mode=mode)
     if workload is None:
         workload = create_workload(scenario, strategy.num_domains,

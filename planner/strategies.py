@@ -88,6 +88,11 @@ defaults until a scenario or a router card gives its own."""
 
 
 class _RoutedStrategy(FrozenModel):
+    router_pool: Literal["serving", "dedicated"] = "serving"
+    """Where the routing passes run: on the serving GPUs (default), or on a dedicated pool of
+    replicas of the same shape that the plan counts and prices."""
+    num_router_replicas: int = Field(default=1, ge=1, le=10_000)
+    """Replicas in the dedicated router pool (router_pool: dedicated only)."""
     router_accuracy: float | None = Field(default=None, gt=0, le=1)
     """Share of routed turns sent to the right adapter (a misrouted turn is answered by a wrong
     one, uniformly among the others); None: the curve below, else the published 4-domain figure

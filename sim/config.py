@@ -152,6 +152,9 @@ class ClusterSpec(_Frozen):
     """Engine replicas (ignored under disaggregation, which names its workers)."""
     router: RouterPolicy = "least_outstanding"
     """How a turn picks its replica."""
+    num_router_replicas: int = Field(default=0, ge=0)
+    """Replicas of the same shape that run only routing passes (a dedicated router pool, priced
+    by the plan); 0: routing passes run on the serving replicas."""
     disaggregation: DisaggregationSpec | None = None
     """None runs prefill and decode on every replica."""
 

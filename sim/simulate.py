@@ -200,7 +200,15 @@ def simulate(config: SimConfig, workload: Workload, *, timeseries_interval_s: fl
         disaggregation = Disaggregation(config, d, Router(cluster.router, decode,
                                                           [list(range(len(decode)))]))
         replicas = prefill + decode
-    driver = TurnDriver(env, config, workload, router, recorder, disaggregation)
+    router_pool = None
+    if cluster.num_router_replicas:
+        pool = _build_replicas(env, config, pricer, num_kv_blocks, counter, recorder,
+                               cluster.num_router_replicas)
+        for i, replica in enumerate(pool):
+            replica.index = len(replicas) + i
+        router_pool = Router(cluster.router, pool, [list(range(len(pool)))])
+        replicas = replicas + pool
+    driver = TurnDriver(env, config, workload, router, recorder, disaggregation, router_pool)
     env.process(driver.arrivals())
     with _gc_paused():
         env.run(until=config.bounds.max_simulated_time_s)

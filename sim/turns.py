@@ -29,6 +29,7 @@ from sim.workloads import Workload
 
 SHARED_NAMESPACE = -1
 ROUTING_KINDS = ("mol", "contextual_mol", "mol2")
+ROUTING_HOPS = ("route", "routing_prefill")
 ROUTE, ANSWER, SUMMARY, DONE = range(4)
 MISROUTE_STREAM = 0x6D6973
 """Seeds the misroute draws apart from the workload's, so an accuracy change moves no request."""
@@ -80,9 +81,12 @@ class TurnDriver:
     """Runs conversations of a workload under one strategy."""
 
     def __init__(self, env: simpy.Environment, config: SimConfig, workload: Workload,
-                 router: Router, recorder: MetricsRecorder, disaggregation=None):
+                 router: Router, recorder: MetricsRecorder, disaggregation=None,
+                 router_pool: Router | None = None):
         self.env, self.config, self.workload = env, config, workload
         self.router, self.recorder = router, recorder
+        self.router_pool = router_pool
+        """Replicas that run only routing passes; None: the turn's own replica runs them."""
         self.strategy = config.strategy
         self.num_domains = config.strategy.num_domains
         self.disaggregation = disaggregation
@@ -279,6 +283,10 @@ class TurnDriver:
 
     def _run(self, t: Turn, fields: dict) -> None:
         """Submit one hop; the turn advances when it (its decode side, if disaggregated) ends."""
+        if self.router_pool is not None and fields["hop"] in ROUTING_HOPS:
+            replica = self.router_pool.choose(0, fields["adapter"], None)
+            replica.submit(self.new_seq(fields, t, self.on_hop_done))
+            return
         if self.disaggregation is not None and fields["num_output_tokens"] > 0 \
                 and fields.get("last_layer", -1) < 0:
             self.disaggregation.start(self, fields, t)

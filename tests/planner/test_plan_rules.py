@@ -80,3 +80,21 @@ def test_memory_summary_weights_by_hand(scenario):
         8_030_261_248 * 2 / 8 / GIB, rel=1e-3)
     assert mem.loc["base", "lora_slots_gib_per_gpu"] == 0
     assert mem.loc["multi_lora", "lora_slots_gib_per_gpu"] > 0
+
+
+def test_a_dedicated_router_pool_is_counted_and_priced():
+    from planner.search import Deployment
+    from planner.simulation import simulate_strategy
+    assert Deployment("H100-SXM", 2, num_replicas=3, num_router_replicas=1).num_gpus == 8
+    s = Scenario.model_validate(dict(
+        model="ced-40", hardware=dict(gpu="H200", num_gpus_per_replica=8, tensor_parallel_size=8),
+        strategies=[{"kind": "mol2", "routing": "outside_engine", "router_pool": "dedicated",
+                     "num_router_replicas": 1, "adapters": [{"name": "a"}, {"name": "b"}]}],
+        workload=dict(kind="conversations", num_conversations=4, num_turns=2,
+                      num_initial_context_tokens=256, num_user_tokens=32, num_reply_tokens=8)))
+    kept, _ = fitting_candidates(s, 0, workload_shape(s))
+    assert [d.num_router_replicas for d in kept] == [1]
+    assert kept[0].num_gpus == 16  # one serving replica and one router replica of TP 8
+    result = simulate_strategy(s, 0)
+    routing = result.requests[result.requests.hop == "routing_prefill"]
+    assert set(routing.replica) == {1} and result.stats["num_replicas"] == 2

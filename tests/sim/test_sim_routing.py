@@ -114,3 +114,16 @@ def test_a_router_outside_the_engine_costs_at_least_its_own_pass_even_when_measu
         assert run.summary["routing_gpu_s"] == pytest.approx(derived.summary["routing_gpu_s"])
     assert (fast.turns["route_s"].to_numpy() >= passes * (1 - 1e-9)).all()
     assert (slow.turns["route_s"].to_numpy() >= 2.0 * (1 - 1e-9)).all()
+
+
+def test_a_dedicated_router_pool_runs_every_routing_pass_and_no_answer():
+    from sim.config import ClusterSpec
+    config = small_config("mol", max_num_seqs=16, strategy_fields={"routing_accuracy": 1.0})
+    pooled = config.model_copy(update={"cluster": ClusterSpec(num_replicas=2,
+                                                              num_router_replicas=1)})
+    result = simulate(pooled, conversations(num_conversations=10))
+    hops = result.requests.groupby("hop", observed=True)["replica"].apply(set)
+    assert hops["route"] == {2}  # the pool's replica comes after the two serving ones
+    assert hops["answer"] <= {0, 1} and hops["summary"] <= {0, 1}
+    assert result.stats["num_replicas"] == 3
+    assert result.summary["routing_gpu_s"] > 0
