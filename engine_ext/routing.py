@@ -1,6 +1,7 @@
 """Routing heads over H19 (the last encoder layer's output), callable from the engine or a plugin.
 
-* `PointerHead` (MoL2): the query is the mean-pooled H19 of the user turn; each option is a
+* `PointerHead` (MoL2): the query is the mean-pooled H19 of the user turn (standardised per
+  feature with statistics fitted on training states, `FeatureScale`); each option is a
   description whose token embeddings go through a deeper option side (MLP blocks and
   self-attention within the option), computed once and cached by `encode_options`. A light query
   projection, one cross-attention layer from the query to all option tokens, then a q.k pointer
@@ -39,6 +40,31 @@ class _Block(nn.Module):
         return x + self.down(F.gelu(self.up(self.norm(x))))
 
 
+class FeatureScale(nn.Module):
+    """Per-feature standardisation with fixed statistics, saved with the head (buffers).
+
+    A decoder's residual stream has a few massive-activation dimensions (on SmolLM2's layer 25
+    one is ~1000x the typical magnitude); without this they drown the other features of a
+    pooled state. `fit` sets the statistics from training states; the defaults (0, 1) are the
+    identity.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("std", torch.ones(dim))
+
+    @torch.no_grad()
+    def fit(self, x: torch.Tensor) -> None:
+        """x [N, dim] (or [..., dim]): training states."""
+        flat = x.reshape(-1, x.shape[-1])
+        self.mean.copy_(flat.mean(0))
+        self.std.copy_(flat.std(0).clamp(min=1e-6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+
 @dataclass(frozen=True)
 class OptionCache:
     """Option side of the pointer head, computed once per option set."""
@@ -62,6 +88,7 @@ class PointerHead(nn.Module):
         self.option_attn = nn.MultiheadAttention(d_head, num_heads, batch_first=True)
         self.option_norm = nn.LayerNorm(d_head)
         self.key_proj = nn.Linear(d_head, d_head)
+        self.query_scale = FeatureScale(d_query)
         self.query_proj = nn.Linear(d_query, d_head)  # the light query side
         self.cross_attn = nn.MultiheadAttention(d_head, num_heads, batch_first=True)
         self.query_norm = nn.LayerNorm(d_head)
@@ -80,7 +107,7 @@ class PointerHead(nn.Module):
 
     def forward(self, query: torch.Tensor, options: OptionCache) -> torch.Tensor:
         """query [B, d_query] (mean-pooled H19) -> pointer logits [B, O]."""
-        q = self.query_proj(query).unsqueeze(1)  # [B, 1, d_head]
+        q = self.query_proj(self.query_scale(query)).unsqueeze(1)  # [B, 1, d_head]
         flat = options.tokens[options.mask]  # [M, d_head]: every real option token
         memory = flat.unsqueeze(0).expand(q.shape[0], -1, -1)  # [B, M, d_head]
         ctx, _ = self.cross_attn(q, memory, memory)  # [B, 1, d_head]
@@ -93,13 +120,14 @@ class ContextualHead(nn.Module):
 
     def __init__(self, d_model: int, d_head: int = 64) -> None:
         super().__init__()
+        self.feature_scale = FeatureScale(d_model)
         self.q = nn.Linear(d_model, d_head)
         self.k = nn.Linear(d_model, d_head)
         self.scale = d_head**-0.5
 
     def forward(self, query: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
-        q = self.q(query)  # [B, d_head]
-        k = self.k(options)  # [B, O, d_head]
+        q = self.q(self.feature_scale(query))  # [B, d_head]
+        k = self.k(self.feature_scale(options))  # [B, O, d_head]
         return torch.einsum("bd,bod->bo", q, k) * self.scale
 
 

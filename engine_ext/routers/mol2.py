@@ -41,8 +41,13 @@ def create_head(d_model: int, seed: int, **shape) -> PointerHead:
 
 
 def train_pointer(head: PointerHead, tasks: list[PointerTask], *, steps: int, batch: int = 64,
-                  lr: float = 2e-3, seed: int = 0) -> list[float]:
-    """Adam on cross-entropy over each task's options, tasks taken in turn; returns the losses."""
+                  lr: float = 2e-3, seed: int = 0, fit_scale: bool = True) -> list[float]:
+    """Adam on cross-entropy over each task's options, tasks taken in turn; returns the losses.
+
+    fit_scale: first fit the query standardisation on these tasks' queries (a later stage of
+    staged training keeps the statistics of the first)."""
+    if fit_scale:
+        head.query_scale.fit(torch.cat([t.queries for t in tasks]))
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)

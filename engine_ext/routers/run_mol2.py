@@ -20,7 +20,7 @@ from engine_ext.routers.states import (
 from engine_ext.routing import PointerHead, mean_pool
 from planner.router_card import DecisionWork, SettingResult
 
-STEPS = 150
+STEPS = 100
 HEAD_SHAPE = {"d_head": 64, "num_heads": 4, "option_depth": 2}
 """The vLLM plugin's RouterConfig defaults, so a card's head loads there as is."""
 
@@ -117,7 +117,7 @@ def regimes(engine, tokenizer, generic: RoutingSet, domain: RoutingSet, seeds: l
             else:
                 train_pointer(head, [g["train"]], steps=STEPS, seed=seed)
                 if regime == "staged":
-                    train_pointer(head, [d["train"]], steps=STEPS, seed=seed)
+                    train_pointer(head, [d["train"]], steps=STEPS, seed=seed, fit_scale=False)
             accs[generic.name].append(accuracy(head, g["test"]))
             accs[domain.name].append(accuracy(head, d["test"]))
         print(f"mol2 regime {regime}: {accs}", flush=True)
