@@ -8,6 +8,7 @@ runs, so a bad value is reported against the spec line that produced it.
 from __future__ import annotations
 
 import itertools
+import math
 import pickle
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +25,9 @@ from planner.loading import (
 )
 from planner.points import content_digest
 from planner.scenario import Scenario
+
+MAX_SWEEP_POINTS = 100_000
+"""Most points one sweep may expand to (each is a whole scenario, validated and stored)."""
 
 
 class SweepParameter(FrozenModel):
@@ -98,6 +102,13 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, list[tuple[str, dict, dict]
         raise ScenarioError([
             f"{path}:{index.line_of(tuple(e['loc'])) or '?'}: {index.path_of(tuple(e['loc']))}: "
             f"{e['msg']} (given: {shorten(e.get('input'))})" for e in err.errors()]) from None
+    sizes = [len(p.values) for p in spec.parameters]
+    count = math.prod(sizes) if spec.combine == "grid" else min(sizes)
+    if count > MAX_SWEEP_POINTS:
+        raise ScenarioError([f"{path}:{index.line_of(('parameters',)) or '?'}: parameters: "
+                             f"the {spec.combine} has {count} points "
+                             f"({' x '.join(map(str, sizes))}); allowed: at most "
+                             f"{MAX_SWEEP_POINTS}, split it into sweeps"])
     if spec.combine == "zip" and len({len(p.values) for p in spec.parameters}) > 1:
         raise ScenarioError([f"{path}:{index.line_of(('parameters',)) or '?'}: parameters: "
                              "combine: zip needs the same number of values for every parameter"])
