@@ -154,3 +154,26 @@ def test_affinity_keeps_conversations_on_their_replica():
     assert (per_conv["affinity"] == 1).all()
     assert (per_conv["round_robin"] > 1).any()
     assert per_conv["affinity_cached"] > per_conv["round_robin_cached"]
+
+
+@pytest.mark.parametrize("model", ("llama-3.1-8b", "ced-40"))
+@pytest.mark.parametrize("kind", STRATEGIES)
+def test_every_strategy_and_model_simulates_the_mechanism_its_placement_implies(kind, model):
+    if kind in ("contextual_mol", "mol2") and model != "ced-40":
+        pytest.skip("needs a CED model (the scenario rejects it)")
+    extra = {"num_replicas": 4} if kind == "multi_agent" else {}
+    config = small_config(kind, model=model, **extra)
+    second = simulate(config, two_turn_switch(4096)).turns.iloc[1]
+    layout = config.strategy.kv_layout
+    expected = {"base": "one_copy", "multi_agent": "per_model"}.get(
+        kind, "shared" if model == "ced-40" else "per_adapter")
+    assert layout == expected
+    if layout == "shared":  # bounded replay, nothing of the context recomputed
+        assert second.num_replay_tokens == config.arch.ced.sliding_window_tokens
+        assert second.num_recomputed_tokens < 64
+    elif layout == "per_adapter":  # the context again under the new adapter
+        assert second.num_replay_tokens == 0 and second.num_recomputed_tokens >= 4096
+    elif layout == "per_model":  # the next agent prefills the history it is handed
+        assert second.num_recomputed_tokens >= 4096
+    else:
+        assert second.num_replay_tokens == 0 and second.num_recomputed_tokens < 64
