@@ -22,12 +22,12 @@ CED_SMALL_ARCH = get_model("ced-small")
 """The profiled preset as the simulator prices it (sim.catalogue)."""
 
 
-def ced_probe_grid(num_repeats: int) -> list[dict]:
-    """Operations x batch x context x chunk; repeats interleaved."""
+def ced_probe_grid(num_repeats: int, quick: bool = False) -> list[dict]:
+    """Operations x batch x context x chunk; repeats interleaved (`quick`: a smoke-test grid)."""
     probes = []
     for repeat in range(num_repeats):
-        for context in (0, 128, 512, 1024):
-            for batch in (1, 4):
+        for context in (0, 64) if quick else (0, 128, 512, 1024):
+            for batch in (1,) if quick else (1, 4):
                 for chunk in (32, 256):
                     probes.append(dict(op="prefill", batch=batch, context=context, chunk=chunk,
                                        repeat=repeat))
@@ -120,12 +120,13 @@ class CedSession:
             num_routing_decisions=decisions, tags=probe)
 
 
-def profile_ced(store_dir: Path, *, num_repeats: int = 3, on_progress=None) -> dict:
+def profile_ced(store_dir: Path, *, num_repeats: int = 3, quick: bool = False,
+                on_progress=None) -> dict:
     """Run every CED probe not yet in `store_dir`; records by key."""
     from calibrate.runner import probe_key
     from planner.points import PointStore, PointTask, progress_counter, run_points
 
-    tasks = [PointTask(probe_key("ced", p), p) for p in ced_probe_grid(num_repeats)]
+    tasks = [PointTask(probe_key("ced", p), p) for p in ced_probe_grid(num_repeats, quick)]
     session = CedSession()
     _write_meta(Path(store_dir).parent / "ced.json", session)
     session.run_probe(dict(op="prefill", batch=1, context=32, chunk=32), 2)  # warm-up
@@ -185,7 +186,9 @@ def fit_ced(root: Path, *, name: str, out_dir: Path):
     train, test = split_held_out(samples)
     terms = DEFAULT_TERMS + ("lora_flops_efficiency", "lora_launch_overhead_s",
                              "lora_slice_launch_s", "routing_overhead_s")
-    result = fit(train, terms, profiles, start=DEFAULT_COEFFS["cpu"], held_out=test)
+    # The torch engine applies LoRA per slot on the adapted modules only: no per-token gather.
+    start = DEFAULT_COEFFS["cpu"].model_copy(update={"lora_token_gather_share": 0.0})
+    result = fit(train, terms, profiles, start=start, held_out=test)
     profile = create_calibration_profile(
         result, name=name, model=CED_SMALL_ARCH.name, engine=meta["engine"],
         hardware=meta["hardware"], packages=meta["packages"], num_samples=len(samples),
@@ -196,3 +199,46 @@ def fit_ced(root: Path, *, name: str, out_dir: Path):
     path = Path(out_dir) / f"{name}.yaml"
     write_profile(profile, path)
     return path, profile
+
+
+def measure_switch(contexts=(128, 512, 1024), num_repeats: int = 3) -> list[dict]:
+    """Switch cost on the CED engine by context, both ways, repeats interleaved: bounded
+    replay of the last W positions vs re-prefilling the whole context under the new adapter.
+    One row per (way, context, repeat): CPU seconds."""
+    session = CedSession()
+    e, rows = session.engine, []
+    with session.torch.no_grad():
+        for repeat in range(num_repeats):
+            for context in contexts:
+                tokens = session._tokens(1, context, 7)
+                state = e.new_state(1)
+                e.prefill(state, tokens, "a0", chunk_size=512)
+                start = time.thread_time()
+                e.switch(state, "a1")
+                rows.append(dict(way="replay", context=context, repeat=repeat,
+                                 seconds=time.thread_time() - start))
+                start = time.thread_time()
+                e.prefill(e.new_state(1), tokens, "a1", chunk_size=512)
+                rows.append(dict(way="re-prefill", context=context, repeat=repeat,
+                                 seconds=time.thread_time() - start))
+    return rows
+
+
+def predict_switch(coeffs, way: str, context: int, num_head_params: int = 0) -> float:
+    """The cost model's seconds for one switch (one step per 512-token prefill chunk)."""
+    from sim.cost_model import create_step_batch, predict_step
+
+    profile = ced_group_profiles(num_head_params)["ced_replay"]
+    arch = CED_SMALL_ARCH
+    if way == "replay":
+        w = arch.ced.sliding_window_tokens
+        batch = create_step_batch([w], [context - w], num_layers=arch.num_layers,
+                                  adapter_ids=[1], first_layer=[arch.ced.num_encoder_layers],
+                                  is_replay=[True])
+        return predict_step(coeffs, profile, batch).total_s
+    total = 0.0
+    for start in range(0, context, 512):
+        n = min(512, context - start)
+        batch = create_step_batch([n], [start], num_layers=arch.num_layers, adapter_ids=[1])
+        total += predict_step(coeffs, profile, batch).total_s
+    return total

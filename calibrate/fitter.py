@@ -2,8 +2,8 @@
 
 `fit(samples, model_terms, profiles, start=...) -> FitResult` moves the named `CostCoeffs` fields
 (inside the ranges their pydantic fields allow) so that `sim.cost_model.predict_step` matches
-the measured step seconds: relative residuals, a soft-L1 loss (a step slowed by another process
-on this shared machine must not drag the fit), scipy's trust-region reflective solver. The
+the measured step seconds: least squares with residuals scaled per kind of step (see
+`_bucket_medians`), scipy's trust-region reflective solver. The
 result carries each coefficient's standard error and, per sample group, MAPE and R² on the
 fitting samples and on held-out ones. The simulator itself never imports this module.
 """
@@ -106,6 +106,7 @@ def fit(samples: list[StepSample], model_terms: tuple[str, ...],
     scale = np.where(x0 > 0, x0, np.where(np.isfinite(hi), hi * 1e-3, 1e-3))
     batches = [(profiles[s.group], s.batch(profiles[s.group].num_layers)) for s in samples]
     measured = np.array([s.measured_s for s in samples])
+    scale_s = _bucket_medians(samples, measured)
 
     def coeffs_at(x):
         return start.model_copy(update=dict(zip(model_terms, (float(v) for v in x * scale),
@@ -114,16 +115,28 @@ def fit(samples: list[StepSample], model_terms: tuple[str, ...],
     def residuals(x):
         c = coeffs_at(x)
         predicted = np.array([predict_step(c, p, b).total_s for p, b in batches])
-        return (predicted - measured) / measured
+        return (predicted - measured) / scale_s
 
     solution = least_squares(residuals, x0 / scale, bounds=(lo / scale, hi / scale),
-                             loss="soft_l1", f_scale=0.1, x_scale="jac", diff_step=1e-4)
+                             x_scale="jac", diff_step=1e-4)
     coeffs = CostCoeffs(**coeffs_at(solution.x).model_dump())  # validated
     return FitResult(coeffs=coeffs, terms=tuple(model_terms),
                      stderr=_stderr(solution, scale, model_terms),
                      errors=_scores(coeffs, samples, list(held_out), profiles),
                      term_shares=_term_shares(coeffs, samples, profiles),
                      num_iterations=int(solution.nfev))
+
+
+def _bucket_medians(samples: list[StepSample], measured: np.ndarray) -> np.ndarray:
+    """Per sample, the median measured time of its (group, decode-only or not) bucket.
+
+    Residuals are divided by it so that a 5 ms decode step and a 300 ms prefill weigh alike,
+    while within a bucket plain least squares fits the mean time (what throughput and latency
+    add up), not the median a relative or robust loss would settle on."""
+    keys = [(s.group, max(s.num_new_tokens, default=1) == 1) for s in samples]
+    medians = {k: float(np.median([m for kk, m in zip(keys, measured, strict=True) if kk == k]))
+               for k in set(keys)}
+    return np.array([medians[k] for k in keys])
 
 
 def _stderr(solution, scale, terms) -> dict[str, float]:

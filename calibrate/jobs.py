@@ -34,7 +34,7 @@ def _command() -> str:
 
 
 def profile(out: Path, *, engine: str = "all", device: str = "cpu", gpu_kind: str = "cpu",
-            num_repeats: int = 3, on_progress=None) -> Path:
+            num_repeats: int = 3, quick: bool = False, on_progress=None) -> Path:
     """Run the probe grids of `engine` ("vllm", "ced", "all"); returns the samples folder."""
     out = Path(out)
     samples = out / "samples"
@@ -44,11 +44,11 @@ def profile(out: Path, *, engine: str = "all", device: str = "cpu", gpu_kind: st
             spec = VllmEngineSpec(enable_lora=enable_lora, device=device, gpu_kind=gpu_kind)
             kinds = ("lora", "lora_p") if enable_lora else ("base",)
             profile_vllm(out / "work", samples, spec, kinds=kinds, num_repeats=num_repeats,
-                         on_progress=hook("vllm " + "+".join(kinds)))
+                         quick=quick, on_progress=hook("vllm " + "+".join(kinds)))
     if engine in ("ced", "all"):
         from calibrate.ced_runner import profile_ced
 
-        profile_ced(samples, num_repeats=num_repeats, on_progress=hook("ced engine"))
+        profile_ced(samples, num_repeats=num_repeats, quick=quick, on_progress=hook("ced engine"))
     return samples
 
 
@@ -103,3 +103,14 @@ def validate(profile_, out: Path, *, num_repeats: int = 3, num_requests: int = 4
                           num_requests=num_requests, clock=clock, quick=quick,
                           on_progress=on_progress or (lambda label: None),
                           command=_command(), load_at_start=load_average())
+
+
+def calibrate_kind(kind: str, device: str, engine: str, out: str, repeats: int,
+                   quick: bool) -> tuple[str, str]:
+    """Profile and fit one GPU kind on this machine (a cluster job's task); (name, YAML)."""
+    root = Path(out) / kind
+    profile(root, engine=engine, device=device, gpu_kind=kind, num_repeats=repeats, quick=quick)
+    model = "ced-small" if engine == "ced" else "tiny-llama"
+    name = f"{kind.lower()}-{engine}-{model}"
+    path, _ = fit(root, name=name, out_dir=root / "profiles", engine=engine)
+    return name, path.read_text()

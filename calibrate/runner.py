@@ -146,8 +146,11 @@ class VllmSession:
             self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
         finally:
             self.timer.enable(False)
+        # On a GPU the host thread's CPU time misses the kernels: time the wall clock there.
+        clock = "cpu" if self.spec.device == "cpu" else "wall"
         return samples_from_vllm_steps(self.timer.drain(), group=probe["kind"],
-                                       prefill_only_ids=self.prefill_only_ids, tags=probe)
+                                       prefill_only_ids=self.prefill_only_ids, tags=probe,
+                                       clock=clock)
 
     def warm_up(self) -> None:
         """Untimed steps on every path (first calls allocate and load adapters)."""
@@ -164,11 +167,13 @@ class VllmSession:
         gc.collect()
 
 
-def vllm_probe_grid(kinds: tuple[str, ...], num_repeats: int = 2,
-                    max_loras: int = 8) -> list[dict]:
-    """Probes over batch size, prompt length and distinct adapters; repeats interleaved."""
+def vllm_probe_grid(kinds: tuple[str, ...], num_repeats: int = 2, max_loras: int = 8,
+                    quick: bool = False) -> list[dict]:
+    """Probes over batch size, prompt length and distinct adapters; repeats interleaved
+    (`quick`: a smoke-test grid)."""
     shapes = [(1, 32), (1, 256), (4, 16), (4, 128), (4, 480), (8, 64), (16, 32), (16, 200),
               (32, 16), (32, 96), (12, 400)]
+    shapes = shapes[2:4] if quick else shapes
     probes = []
     for repeat in range(num_repeats):
         for kind in kinds:
@@ -228,29 +233,33 @@ def write_engine_meta(path: Path, session: VllmSession) -> None:
 
 
 def profile_vllm(work_dir: Path, store_dir: Path, spec: VllmEngineSpec, *,
-                 kinds: tuple[str, ...], num_repeats: int = 2, on_progress=None) -> dict:
-    """Run every probe not yet in `store_dir` on one engine; returns the records by key."""
+                 kinds: tuple[str, ...], num_repeats: int = 2, quick: bool = False,
+                 on_progress=None, session: VllmSession | None = None) -> dict:
+    """Run every probe not yet in `store_dir` on one engine (a running `session`, else one
+    started here and stopped after); returns the records by key."""
     from planner.points import PointStore, PointTask, progress_counter, run_points
 
     engine = "vllm-lora" if spec.enable_lora else "vllm-base"
     tasks = [PointTask(probe_key(engine, p), p)
-             for p in vllm_probe_grid(kinds, num_repeats, spec.max_loras)]
+             for p in vllm_probe_grid(kinds, num_repeats, spec.max_loras, quick)]
     store = PointStore(store_dir)
     if all((r := store.load(t.key)) and r.get("status") == "ok" for t in tasks):
         return {t.key: store.load(t.key) for t in tasks}
-    session = VllmSession(work_dir, spec)
+    owned = session is None
+    session = session or VllmSession(work_dir, spec)
     try:
         write_engine_meta(store_dir.parent / f"{engine}.json", session)
         session.warm_up()
 
         def measure(probe: dict) -> dict:
-            samples = session.run_probe(probe)
+            samples = session.run_probe(probe)  # CPU clock on CPU, wall clock on a GPU
             return {"samples": [s.to_json() for s in samples], "engine": engine}
 
         return run_points(tasks, measure, store, backend="inline",
                           on_done=progress_counter(len(tasks), on_progress))
     finally:
-        session.close()
+        if owned:
+            session.close()
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
 from calibrate import validator as v
 from calibrate.recorder import load_average, machine_fingerprint
 from calibrate.runner import VllmEngineSpec, VllmSession, replay_open_loop
+
+KINDS = ("base", "lora", "lora_p")
 
 
 def validation_workloads(num_requests: int, *, quick: bool = False) -> list[v.ValidationWorkload]:
@@ -32,8 +35,11 @@ def validation_workloads(num_requests: int, *, quick: bool = False) -> list[v.Va
                                              rate_per_s=rate, seed=11),
                 v.punica_validation_workload("lora_p", "uniform", 8, num_requests=num_requests,
                                              rate_per_s=rate, seed=11)]
-    out = [v.punica_validation_workload("base", "identical", 1, num_requests=num_requests,
-                                        rate_per_s=rate, seed=10)]
+    # Offline (all requests at t=0, the bench_vllm_lora setup): throughput at saturation.
+    out = [v.punica_validation_workload(kind, "uniform", 8, num_requests=2 * num_requests,
+                                        rate_per_s=None, seed=40) for kind in KINDS]
+    out.append(v.punica_validation_workload("base", "identical", 1, num_requests=num_requests,
+                                            rate_per_s=rate, seed=10))
     for kind in ("lora", "lora_p"):
         out += [v.punica_validation_workload(kind, mix, n, num_requests=num_requests,
                                              rate_per_s=rate, seed=10 + i)
@@ -60,7 +66,7 @@ def _measure(out: Path, spec: VllmEngineSpec, workloads, num_repeats: int, clock
     """Runs of `workloads` on one engine: {(name, repeat): summary}, and its KV blocks."""
     from planner.points import PointStore, PointTask, progress_counter, run_points
 
-    tasks = [PointTask(f"{w.name}-r{r}".replace(" ", "_").replace("=", ""),
+    tasks = [PointTask(re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{w.name}-r{r}"),
                        dict(workload=i, repeat=r))
              for r in range(num_repeats) for i, w in enumerate(workloads)]
     store = PointStore(out / "runs")
@@ -110,13 +116,48 @@ def run_validation(profile_, out: Path, *, num_repeats: int, num_requests: int, 
                                                       blocks))
     if not rows:
         raise RuntimeError("no validation run finished")
+    switch = _ced_switch(out, num_repeats, on_progress) if not quick else []
     report = dict(profile=profile_.name, created_utc=dt.datetime.now(dt.UTC).isoformat(
         timespec="seconds"), clock=clock, num_repeats=num_repeats, num_requests=num_requests,
         machine=machine_fingerprint(), load_average_start=list(load_at_start),
         load_average_end=list(load_average()), command=command,
-        goals=v.goal_summary(rows), rows=rows, runs=runs_by_workload)
+        goals=v.goal_summary(rows), rows=rows, runs=runs_by_workload, ced_switch=switch)
     out.mkdir(parents=True, exist_ok=True)
     (out / "validation.json").write_text(json.dumps(report, indent=2))
     md = out / "validation.md"
     md.write_text(v.markdown_table(report))
     return md
+
+
+def _ced_switch(out: Path, num_repeats: int, on_progress) -> list[dict]:
+    """CED switch by context (replay vs re-prefill): measured medians, spread, and the
+    prediction of the shipped CED profile; [] when there is none. Stored like the runs."""
+    import numpy as np
+
+    from calibrate.ced_runner import measure_switch, predict_switch
+    from planner.points import PointStore
+    from planner.profiles import PROFILES_DIR, load_profile
+
+    path = PROFILES_DIR / "cpu-ced-small.yaml"
+    if not path.exists():
+        return []
+    profile = load_profile(path)
+    store = PointStore(out / "runs")
+    record = store.load("ced-switch")
+    if record is None:
+        on_progress("CED switch")(0, 1)
+        record = {"status": "ok", "result": measure_switch(num_repeats=num_repeats)}
+        store.save("ced-switch", record)
+    rows = []
+    for way in ("replay", "re-prefill"):
+        for context in sorted({r["context"] for r in record["result"]}):
+            values = np.array([r["seconds"] for r in record["result"]
+                               if r["way"] == way and r["context"] == context])
+            median = float(np.median(values))
+            predicted = predict_switch(profile.coefficients, way, context,
+                                       int(profile.engine.settings.get("num_head_params", 0)))
+            rows.append(dict(way=way, context=context, measured_median_s=median,
+                             run_spread=float((values.max() - values.min()) / median),
+                             predicted_s=predicted, error=predicted / median - 1,
+                             profile=profile.name))
+    return rows

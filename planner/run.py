@@ -17,6 +17,7 @@ from planner.figures import (
 from planner.loading import load_scenario
 from planner.plan_points import plan_point, scenario_tasks, simulate_point
 from planner.points import PointStore, progress_counter, run_points
+from planner.profiles import pricing_sources
 from planner.report import (
     ReportSection,
     file_name,
@@ -75,6 +76,11 @@ class RunResult:
     num_points: int
     notes: tuple[str, ...] = ()
     """One line each on what the run did not do and why (an offline scenario is not planned)."""
+
+
+PRICING_NOTE = ("Which coefficients priced every step time below: a fitted profile (molcap "
+                "calibrate; its measured error is in the profile file and docs/validation.md) or "
+                "the assumed defaults of the GPU kind.")
 
 
 def _sections(comparisons: dict[str, pd.DataFrame]) -> list[ReportSection]:
@@ -182,7 +188,10 @@ def run_scenario_file(
     for name, df in {**comparisons, **frames}.items():
         if not df.empty:
             tables += write_table(df, out_dir / "tables" / name)
+    pricing = pd.DataFrame([{"strategy": k, "priced by": v}
+                            for k, v in pricing_sources(scenario, path.parent).items()])
     sections = ([ReportSection("Capacity plan", note) for note in notes]
+                + [ReportSection("Cost profile", PRICING_NOTE, [], [pricing])]
                 + _plan_sections(frames["plans"], frames["plan_trials"])
                 + _sim_sections(frames["sim_summary"], frames["sim_turns"],
                                 frames["sim_timeseries"])

