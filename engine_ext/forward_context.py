@@ -29,6 +29,10 @@ class ForwardContext:
 
     token_slots: torch.Tensor
     """[N] long: adapter slot of each token, NO_ADAPTER (-1) for base weights."""
+    positions: torch.Tensor | None = None
+    """[N] long: absolute position of each token (position-windowed DiReFT reads it)."""
+    prompt_lens: torch.Tensor | None = None
+    """[N] long: prompt length of each token's request."""
 
     @property
     def num_tokens(self) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from engine_ext.forward_context import get_forward_context
@@ -28,6 +28,42 @@ class ReftSpec(BaseModel):
     """Layers whose output is edited."""
     prefill_only: bool = True
     """DiReFT_P: edit prompt positions only (the form PreFT serves)."""
+    first_positions: int | None = Field(default=None, ge=0)
+    """Edit only the first f prompt positions (with `last_positions`: ReFT's "f+l" window)."""
+    last_positions: int | None = Field(default=None, ge=0)
+    """Edit only the last l prompt positions (and, unless prefill_only, every generated one)."""
+
+    @model_validator(mode="after")
+    def _layers_distinct(self) -> ReftSpec:
+        if len(set(self.layers)) != len(self.layers) or any(x < 0 for x in self.layers):
+            raise ValueError(f"DiReFT layers must be distinct and >= 0, got {self.layers}")
+        return self
+
+    @property
+    def window(self) -> tuple[int, int] | None:
+        """(first, last) positions edited, or None when every position is."""
+        if self.first_positions is None and self.last_positions is None:
+            return None
+        return self.first_positions or 0, self.last_positions or 0
+
+
+def in_window(window: tuple[int, int] | None, positions: torch.Tensor,
+              prompt_lens: torch.Tensor) -> torch.Tensor:
+    """Bool [N]: which tokens a DiReFT window edits. positions, prompt_lens: [N] per token.
+
+    A window (f, l) keeps prompt positions < f and positions >= prompt_len - l; the
+    prefill-only rule (no generated token) is applied separately, by the token's adapter slot.
+    """
+    if window is None:
+        return torch.ones_like(positions, dtype=torch.bool)
+    first, last = window
+    return (positions < first) | (positions >= prompt_lens - last)
+
+
+def direft_delta(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                 bias: torch.Tensor) -> torch.Tensor:
+    """The DiReFT edit B^T (A h + b) of rows h [n, D]; a, b [r, D], bias [r] -> [n, D]."""
+    return (h @ a.T + bias) @ b
 
 
 class DiReFT(nn.Module):
@@ -40,9 +76,11 @@ class DiReFT(nn.Module):
         self.proj_b = nn.Parameter(torch.zeros(max_loras, max_rank, d_model))
         self.bias = nn.Parameter(torch.zeros(max_loras, max_rank))
         self.ranks = [0] * max_loras
+        self.windows: list[tuple[int, int] | None] = [None] * max_loras
 
-    def set_slot(self, slot: int, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> None:
-        """Write one adapter: a, b [r, D], bias [r]."""
+    def set_slot(self, slot: int, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor,
+                 window: tuple[int, int] | None = None) -> None:
+        """Write one adapter: a, b [r, D], bias [r]; window: see `in_window`."""
         rank = a.shape[0]
         with torch.no_grad():
             for param in (self.proj_a, self.proj_b, self.bias):
@@ -51,6 +89,7 @@ class DiReFT(nn.Module):
             self.proj_b[slot, :rank] = b
             self.bias[slot, :rank] = bias
         self.ranks[slot] = rank
+        self.windows[slot] = window
 
     def clear_slot(self, slot: int) -> None:
         """Empty `slot`."""
@@ -74,10 +113,16 @@ class DiReFT(nn.Module):
             return h
         out = torch.zeros_like(flat)
         for slot in slots:
-            rows = (ctx.token_slots == slot).nonzero().squeeze(1)  # [n_s]
+            chosen = ctx.token_slots == slot  # [N]
+            if self.windows[slot] is not None:
+                if ctx.positions is None:
+                    raise ValueError("a windowed DiReFT needs positions in the forward context")
+                chosen &= in_window(self.windows[slot], ctx.positions, ctx.prompt_lens)
+            rows = chosen.nonzero().squeeze(1)  # [n_s]
             r = self.ranks[slot]
-            z = flat[rows] @ self.proj_a[slot, :r].T + self.bias[slot, :r]  # [n_s, r]
-            out = out.index_add(0, rows, z @ self.proj_b[slot, :r])  # [n_s, D]
+            delta = direft_delta(flat[rows], self.proj_a[slot, :r], self.proj_b[slot, :r],
+                                 self.bias[slot, :r])  # [n_s, D]
+            out = out.index_add(0, rows, delta)
         return h + out.view(h.shape)
 
 

@@ -123,7 +123,7 @@ class AdapterRegistry:
             apply_direft(self.layers, reft.spec, d_model=self.d_model, max_loras=self.max_loras,
                          max_rank=self.max_lora_rank)
             for layer, (a, b, bias) in reft.tensors.items():
-                self.layers[layer].direft.set_slot(slot, a, b, bias)
+                self.layers[layer].direft.set_slot(slot, a, b, bias, reft.spec.window)
 
     def remove(self, name: str) -> None:
         """Empty the slot of adapter `name`."""
@@ -147,4 +147,6 @@ class AdapterRegistry:
     ) -> ForwardContext:
         """Context for a batch chunk: adapter per request, positions [B, T], prompt lengths."""
         slots = [self.slot_of(a) for a in adapters]
-        return ForwardContext(build_token_slots(slots, positions, prompt_lens, self.prefill_only))
+        lens = torch.tensor(list(prompt_lens), dtype=torch.long)[:, None].expand_as(positions)
+        return ForwardContext(build_token_slots(slots, positions, prompt_lens, self.prefill_only),
+                              positions=positions.reshape(-1), prompt_lens=lens.reshape(-1))

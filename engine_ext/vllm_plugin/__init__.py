@@ -1,4 +1,4 @@
-"""vLLM plugin: prefill-only LoRA (LoRA_P) and in-engine routing, thin over engine_ext.
+"""vLLM plugin: LoRA_P, DiReFT_P and in-engine routing (also across a KV transfer), guarded.
 
 Declared under the `vllm.general_plugins` entry point, so vLLM calls `register()` in every
 process it starts (front end, engine core, workers), possibly several times: `register()` is

@@ -7,15 +7,14 @@ picks up new adapters or router options without a restart, and pays one `stat` p
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from functools import lru_cache
 from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from engine_ext.vllm_plugin.adapters import adapter_file
 from engine_ext.vllm_plugin.hashing import AdapterHashRegistry
 
 CONFIG_ENV = "MOLCAP_VLLM_PLUGIN_CONFIG"
@@ -138,23 +137,10 @@ class ConfigWatcher:
         return self._config
 
 
-@lru_cache(maxsize=1024)
-def _file_prefill_only(config_path: str, mtime_ns: int) -> bool:
-    del mtime_ns  # part of the cache key only: an edited file is read again
-    try:
-        return bool(json.loads(Path(config_path).read_text()).get("prefill_only", False))
-    except (OSError, json.JSONDecodeError):
-        return False
-
-
 def adapter_is_prefill_only(path: str, config: PluginConfig) -> bool:
-    """Whether the adapter at `path` is LoRA_P: the plugin config wins, else adapter_config.json."""
+    """Whether the adapter at `path` is prefill-only (LoRA_P, DiReFT_P): the plugin config wins,
+    else its adapter_config.json."""
     for adapter in config.adapters:
         if adapter.path == path and adapter.prefill_only is not None:
             return adapter.prefill_only
-    file = Path(path) / "adapter_config.json"
-    try:
-        mtime = file.stat().st_mtime_ns
-    except OSError:
-        return False
-    return _file_prefill_only(str(file), mtime)
+    return adapter_file(path).prefill_only

@@ -16,7 +16,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-KINDS = ("written", "read", "applied", "unknown")
+KINDS = ("written", "read", "applied", "unknown", "unrouted", "rejected")
+"""Decision events; `unrouted`: routing candidates the router could not decide for (base
+model); `rejected`: requests refused because a feature they need is refused."""
 _MAX_LOGGED = 256
 
 
@@ -34,6 +36,8 @@ class DecisionCounters:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     decisions: list[dict] = field(default_factory=list)
     """Last decisions: {request_id, kind, adapter_hash, adapter}."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """Features refused in this process -> why (see guards.py)."""
 
     def add(self, kind: str, request_id: str, adapter_hash: int, adapter: str | None) -> None:
         """Count one event and record it, then rewrite this process's file."""
@@ -49,7 +53,7 @@ class DecisionCounters:
         target = self.directory / f"{os.getpid()}.json"
         tmp = target.with_suffix(".tmp")
         tmp.write_text(json.dumps(dict(pid=os.getpid(), role=self.role, counts=self.counts,
-                                       decisions=self.decisions)))
+                                       decisions=self.decisions, refused=self.refused)))
         os.replace(tmp, target)
 
 
@@ -83,7 +87,8 @@ def sum_counters(directory: str | Path) -> CounterTotals:
             continue
         for kind in KINDS:
             counts[kind] += int(data["counts"].get(kind, 0))
-        per_process.append(dict(pid=data["pid"], role=data["role"], counts=data["counts"]))
+        per_process.append(dict(pid=data["pid"], role=data["role"], counts=data["counts"],
+                                refused=data.get("refused", {})))
         decisions.extend(data.get("decisions", []))
     return CounterTotals(counts=counts, per_process=per_process, decisions=decisions)
 
@@ -109,3 +114,10 @@ class MetricsCollector:
                                   "Decisions written on the prefill side but never read")
         gauge.add_metric([], totals.undelivered)
         yield gauge
+        refused = GaugeMetricFamily("molcap_plugin_feature_refused", "Plugin features refused "
+                                    "(1) per engine process, with the reason",
+                                    labels=["pid", "feature", "reason"])
+        for process in totals.per_process:
+            for feature, reason in process["refused"].items():
+                refused.add_metric([str(process["pid"]), feature, reason], 1)
+        yield refused

@@ -35,6 +35,15 @@ def _mask(req_ids: np.ndarray, tok_req: np.ndarray, positions: np.ndarray,
     return ids[slots + 1]
 
 
+def token_positions(num_computed: np.ndarray,
+                    num_scheduled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(request row, absolute position) of each scheduled token of a step, both [N]."""
+    tok_req = np.repeat(np.arange(len(num_scheduled)), num_scheduled)  # [N]
+    starts = np.cumsum(num_scheduled) - num_scheduled  # [R]
+    offsets = np.arange(len(tok_req)) - starts[tok_req]  # [N] position inside the step
+    return tok_req, num_computed[tok_req] + offsets
+
+
 def step_lora_mapping(
     req_lora_ids: np.ndarray,
     num_computed: np.ndarray,
@@ -49,10 +58,7 @@ def step_lora_mapping(
     batch, in the runner's order. is_prefill_only(lora_id) says whether an adapter is LoRA_P.
     """
     num_reqs = len(req_lora_ids)
-    tok_req = np.repeat(np.arange(num_reqs), num_scheduled)  # [N]
-    starts = np.cumsum(num_scheduled) - num_scheduled  # [R]
-    offsets = np.arange(len(tok_req)) - starts[tok_req]  # [N] position inside the step
-    positions = num_computed[tok_req] + offsets  # [N] absolute
+    tok_req, positions = token_positions(num_computed, num_scheduled)
     token_map = _mask(req_lora_ids, tok_req, positions, num_prompt, is_prefill_only)
     # Sampled rows are the last num_sampled tokens of each request in the step.
     smp_req = np.repeat(np.arange(num_reqs), num_sampled)  # [S]

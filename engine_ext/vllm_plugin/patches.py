@@ -1,16 +1,18 @@
 """The hooks into vLLM's V1 engine. Imported only by `register()`, so vLLM loads lazily.
 
-Four places, all outside the compiled model region:
-* the runner's `set_active_loras` (called once per step before the forward): per-token adapter
-  mapping with prefill-only adapters masked past the prompt, decisions resolved from hashes, and
-  the list of requests to route in this step;
-* a forward hook on decoder layer k (routing only, eager mode): pool, score, write the decision,
-  and re-point the LoRA mapping of the routed tokens before layer k+1 runs;
-* the prefix-cache block hash: a block holding decode tokens of a prefill-only adapter gets an
-  extra key, because its KV was computed on base weights and must not serve a later prompt.
-* the CPU punica wrapper's shrink: tokens with no adapter get exactly zero LoRA delta (vLLM's
-  torch-native ops otherwise read slot -1 as the last slot).
-Every wrapper is marked, so installing twice is a no-op.
+All outside the compiled model region except the layer hooks (which need eager mode):
+* the runner's `load_lora_model` (both runners call it): the runner facts for the guards, and
+  the DiReFT hooks on every decoder layer;
+* the runner's `set_active_loras` (once per step before the forward): per-token adapter mapping
+  with prefill-only adapters masked past the prompt, DiReFT requests taken out of the LoRA path,
+  decisions resolved from hashes, updated adapter files reloaded, requests to route this step;
+* the layer-k hook (route_hook.py) and the DiReFT layer hooks (direft.py);
+* the prefix-cache block hash: every adapter's blocks carry its file version (an adapter
+  rewritten in place stops matching its old blocks), and blocks holding decode tokens of a
+  prefill-only adapter an extra key (their KV was computed without the adapter);
+* the CPU punica wrapper's shrink: tokens with no adapter get exactly zero LoRA delta;
+* the front end's request validation (frontend.py): refused features, bad adapter files.
+Every wrapper is marked, so installing twice is a no-op. guards.py decides what is installed.
 """
 
 from __future__ import annotations
@@ -19,14 +21,16 @@ import logging
 
 import numpy as np
 
-from engine_ext.lora import LoraSpec
-from engine_ext.peft_io import CONFIG_NAME, read_adapter_config
-from engine_ext.vllm_plugin.mapping import step_lora_mapping
+from engine_ext.vllm_plugin import guards
+from engine_ext.vllm_plugin.adapters import adapter_file, adapter_version
+from engine_ext.vllm_plugin.direft import ModelShape, ReftStep, apply_edits, reft_rows
+from engine_ext.vllm_plugin.mapping import step_lora_mapping, token_positions
 from engine_ext.vllm_plugin.runtime import HASH_KEY, RoutePlan, StepState, get_state
 
 logger = logging.getLogger(__name__)
 _MARK = "__molcap_wrapped__"
 PREFILL_ONLY_DECODE_KEY = ("molcap", "prefill_only_decode")
+VERSION_KEY = "molcap_adapter_version"
 
 
 def _wrap(owner, name: str, make) -> None:
@@ -67,6 +71,10 @@ def _resolve_requests(runner, state, batch, lora_ids, num_computed, num_prompt, 
             requests.setdefault(entry.hash, _lora_request(entry))
         elif (state.router is not None and request_id not in state.resolved
               and num_computed[i] < num_prompt[i] <= num_computed[i] + sched[i]):
+            if num_computed[i] > 0:  # earlier chunks ran the layers above k on base weights
+                state.unrouted(request_id, f"prompt of {num_prompt[i]} tokens did not fit one "
+                               "prefill step (raise max_num_batched_tokens, or disaggregate)")
+                continue
             end = starts[i] + num_prompt[i] - num_computed[i]
             routes.append(RoutePlan(i, request_id, int(starts[i]), int(end)))
     if routes:  # the router may pick any option: keep them all in adapter slots this step
@@ -77,6 +85,18 @@ def _resolve_requests(runner, state, batch, lora_ids, num_computed, num_prompt, 
     return requests, routes
 
 
+def _reload_updated(runner, state, requests) -> None:
+    """Evict LoRA adapters whose files changed since this worker loaded them (reloaded on use)."""
+    manager = runner.lora_manager
+    for lora_id, request in requests.items():
+        version = adapter_version(request.lora_path)
+        old = state.loaded_versions.get(lora_id)
+        if old is not None and old != version and lora_id in manager.list_adapters():
+            manager.remove_adapter(lora_id)
+            logger.info("molcap: adapter %s changed on disk; reloading it", request.lora_path)
+        state.loaded_versions[lora_id] = version
+
+
 def _make_set_active_loras(original):
     del original  # replaced, not wrapped: it builds the unmasked mapping this one refines
 
@@ -84,9 +104,11 @@ def _make_set_active_loras(original):
                          mapping_type=None):
         from vllm.lora.layers import LoRAMappingType
 
+        from engine_ext.vllm_plugin.route_hook import ensure_router
+
         state = get_state()
         state.refresh()
-        _ensure_router(self, state)
+        ensure_router(self, state)
         mapping_type = mapping_type or LoRAMappingType.LANGUAGE
         n = input_batch.num_reqs
         sched = np.asarray(num_scheduled_tokens[:n], dtype=np.int64)
@@ -97,10 +119,14 @@ def _make_set_active_loras(original):
         num_prompt = input_batch.num_prompt_tokens[:n].astype(np.int64)
         requests, routes = _resolve_requests(self, state, input_batch, lora_ids, num_computed,
                                              num_prompt, sched)
+        reft_ids = {k for k, r in requests.items() if adapter_file(r.lora_path).is_direft}
+        lora_requests = {k: r for k, r in requests.items() if k not in reft_ids}
+        _reload_updated(self, state, lora_requests)
         step = StepState(lora_ids, num_computed, sched, num_prompt, sampled,
-                         {k: r.lora_path for k, r in requests.items()}, mapping_type, routes)
-        prompt_map, token_map = _step_mapping(state, step)
-        self._set_active_loras(prompt_map, token_map, set(requests.values()), mapping_type)
+                         {k: r.lora_path for k, r in requests.items()}, mapping_type, routes,
+                         reft_ids=reft_ids)
+        prompt_map, token_map, step.reft = step_mapping(state, step)
+        self._set_active_loras(prompt_map, token_map, set(lora_requests.values()), mapping_type)
         state.mark_applied()
         state.step = step
         if len(state.resolved) > 4 * max(n, 1):
@@ -109,77 +135,93 @@ def _make_set_active_loras(original):
     return set_active_loras
 
 
-def _step_mapping(state, step: StepState) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    return step_lora_mapping(step.req_lora_ids, step.num_computed, step.num_scheduled,
-                             step.num_prompt, step.num_sampled,
-                             lambda lora_id: state.is_prefill_only(step.lora_paths[lora_id]))
+def step_mapping(state, step: StepState):
+    """(sampled-token LoRA map, token LoRA map, DiReFT edits) of a step.
+
+    DiReFT adapters get their rows in the edits and LoRA id 0 in both maps.
+    """
+    prompt_map, token_map = step_lora_mapping(
+        step.req_lora_ids, step.num_computed, step.num_scheduled, step.num_prompt,
+        step.num_sampled, lambda lora_id: state.is_prefill_only(step.lora_paths[lora_id]))
+    if not step.reft_ids:
+        return prompt_map, token_map, None
+    tokens = np.asarray(token_map, dtype=np.int64)
+    tok_req, positions = token_positions(step.num_computed, step.num_scheduled)
+    edits = []
+    for lora_id in sorted(step.reft_ids):
+        if not state.support.allows(guards.DIREFT):
+            continue  # the front end rejects these requests; never apply a refused feature
+        weights = state.reft_store.get(step.lora_paths[lora_id], state.model_shape)
+        edits.append((weights, reft_rows(tokens, positions, step.num_prompt[tok_req], lora_id,
+                                         weights)))
+    prompt_map, token_map = (tuple(0 if x in step.reft_ids else x for x in mapping)
+                             for mapping in (prompt_map, token_map))
+    return prompt_map, token_map, ReftStep(edits)
 
 
-def _check_above_route_layer(path: str, route_layer: int) -> None:
-    """Routed adapters must sit only above layer k (the pooled state is then adapter-free)."""
-    from pathlib import Path
+def _make_load_lora_model(original):
+    def load_lora_model(self, model, vllm_config, device):
+        state = get_state()
+        for feature, reason in guards.runner_refusals(guards.runner_facts(vllm_config)).items():
+            state.refuse(feature, reason)
+        lora_model = original(self, model, vllm_config, device)
+        if state.support.allows(guards.DIREFT):
+            _install_reft_hooks(lora_model, state, self, vllm_config)
+        return lora_model
 
-    spec: LoraSpec = read_adapter_config(Path(path) / CONFIG_NAME)
-    if spec.layers is None or min(spec.layers) <= route_layer:
-        raise ValueError(f"{path}: routed adapters must set layers_to_transform above route "
-                         f"layer {route_layer}, got {spec.layers}")
-
-
-def _ensure_router(runner, state) -> None:
-    """Build the router (and its layer-k hook) once per config, from the served model."""
-    config = state.config.router
-    if config is None or state.router is not None or not hasattr(runner, "model"):
-        return
-    from engine_ext.vllm_plugin.router import InEngineRouter
-
-    for option in config.options:
-        entry = state.entry_by_name(option.adapter)
-        if entry is not None:
-            _check_above_route_layer(entry.path, config.route_layer)
-    model = runner.get_model()
-    embed = model.model.embed_tokens
-    embed = getattr(embed, "base_layer", embed)
-    d_model = runner.model_config.get_hidden_size()
-    state.router = InEngineRouter(config, embed, d_model)
-    layer = model.model.layers[config.route_layer]
-    if not getattr(layer, "_molcap_route_hook", False):
-        layer.register_forward_hook(_on_route_layer)
-        layer._molcap_route_hook = True
-    state.route_module, state.runner = layer, runner
+    return load_lora_model
 
 
-def _on_route_layer(module, args, output):
-    """After layer k: route the requests whose prompt ends in this step, re-point their LoRA."""
-    from vllm.lora.layers import LoRAMapping
+def _install_reft_hooks(model, state, runner, vllm_config) -> None:
+    layers = model.model.layers
+    state.model_shape = ModelShape(
+        hidden_size=vllm_config.model_config.get_hidden_size(), num_layers=len(layers),
+        base_model=vllm_config.model_config.model,
+        max_rank=vllm_config.lora_config.max_lora_rank)
+    for index, layer in enumerate(layers):
+        if getattr(layer, "_molcap_reft_hook", False):
+            continue
+        layer.register_forward_hook(
+            lambda module, args, output, index=index: apply_edits(
+                index, getattr(get_state().step, "reft", None), output))
+        layer._molcap_reft_hook = True
 
-    state = get_state()
-    step = state.step
-    if step is None or not step.routes or module is not state.route_module:
-        return None
-    hidden, residual = output
-    # vLLM's layers hand the residual to the next norm un-added; the layer output is their sum.
-    stream = hidden if residual is None else hidden + residual  # [N, D]
-    for plan in step.routes:
-        name = state.router.choose(stream[plan.token_start : plan.token_end])
-        # The prefill side applies its own decision above k; later steps read the hash back.
-        step.req_lora_ids[plan.index] = state.write_decision(plan.request_id, name)
-    step.routes = []
-    prompt_map, token_map = _step_mapping(state, step)
-    manager = state.runner.lora_manager._adapter_manager
-    manager.set_adapter_mapping(LoRAMapping(token_map, prompt_map, is_prefill=True,
-                                            type=step.mapping_type))
-    return None
+
+def _routing_keys(request, state) -> tuple[tuple, str | None]:
+    """Keys of a request that names no adapter: (extra keys, path of its decided adapter).
+
+    A decision that came with the request: its adapter and version (requests with one decision
+    share blocks). A request the router will decide: its own id, because its blocks hold KV of
+    layers above k under an adapter not known when they are hashed; they never serve another
+    request, and no cached prefix (whose layer-k states are gone) is read for it.
+    """
+    extra = getattr(request.sampling_params, "extra_args", None) or {}
+    if HASH_KEY in extra:
+        entry = state.registry.lookup(int(extra[HASH_KEY]))
+        path = None if entry is None else entry.path
+        return ("molcap_routed", int(extra[HASH_KEY]), *adapter_version(path or "")), path
+    if state.config.router is not None and state.support.allows(guards.ROUTING):
+        return ("molcap_route_candidate", request.request_id), None
+    return (), None
 
 
 def _make_extra_keys(original):
     def generate_block_hash_extra_keys(request, start_token_idx, end_token_idx, start_mm_idx):
         keys, next_mm_idx = original(request, start_token_idx, end_token_idx, start_mm_idx)
+        state = get_state()
+        state.refresh()
         lora = request.lora_request
-        if lora is not None and end_token_idx > request.num_prompt_tokens:
-            state = get_state()
-            state.refresh()
-            if state.is_prefill_only(lora.lora_path):
-                keys = (*(keys or ()), PREFILL_ONLY_DECODE_KEY)
+        if lora is None:
+            key, path = _routing_keys(request, state)
+        else:
+            # vLLM keys by name and path only: the version keeps an adapter rewritten in place
+            # from matching blocks computed with its old weights.
+            key, path = (VERSION_KEY, *adapter_version(lora.lora_path)), lora.lora_path
+        if key:
+            keys = (*(keys or ()), key)
+        if (path is not None and end_token_idx > request.num_prompt_tokens
+                and state.is_prefill_only(path)):
+            keys = (*keys, PREFILL_ONLY_DECODE_KEY)
         return keys, next_mm_idx
 
     return generate_block_hash_extra_keys
@@ -200,33 +242,24 @@ def _make_apply_shrink(original):
     return _apply_shrink
 
 
-def _make_v2_warning(original):
-    warned = []
-
-    def make_lora_inputs(self, *args, **kwargs):
-        if not warned:
-            warned.append(True)
-            logger.warning("molcap plugin: vLLM's Model Runner V2 is serving LoRA; prefill-only "
-                           "adapters and in-engine routing are NOT applied there. Set "
-                           "VLLM_USE_V2_MODEL_RUNNER=0 to use the V1 runner the plugin patches.")
-        return original(self, *args, **kwargs)
-
-    return make_lora_inputs
-
-
 def install() -> None:
-    """Patch vLLM's V1 runner, the CPU LoRA path and prefix-cache hashing (idempotent)."""
+    """Check the vLLM version and internals, then patch what they allow (idempotent)."""
+    import vllm
+
+    state = get_state()
+    for feature, reason in guards.registration_refusals(vllm.__version__).items():
+        state.refuse(feature, reason)
+    from engine_ext.vllm_plugin import frontend
+
+    frontend.install(_wrap)  # rejects requests that need a refused feature
+    if not any(state.support.allows(f) for f in guards.FEATURES):
+        return  # an untested vLLM: patch nothing else
     from vllm.lora.punica_wrapper import punica_cpu
     from vllm.v1.core import block_pool, kv_cache_utils
-    from vllm.v1.worker import lora_model_runner_mixin
+    from vllm.v1.worker import lora_model_runner_mixin as mixin
 
-    _wrap(lora_model_runner_mixin.LoRAModelRunnerMixin, "set_active_loras",
-          _make_set_active_loras)
+    _wrap(mixin.LoRAModelRunnerMixin, "load_lora_model", _make_load_lora_model)
+    _wrap(mixin.LoRAModelRunnerMixin, "set_active_loras", _make_set_active_loras)
     _wrap(punica_cpu.PunicaWrapperCPU, "_apply_shrink", _make_apply_shrink)
     for module in (kv_cache_utils, block_pool):
         _wrap(module, "generate_block_hash_extra_keys", _make_extra_keys)
-    try:
-        from vllm.v1.worker.gpu import lora_utils
-    except ImportError:  # pragma: no cover - layout of another vLLM version
-        return
-    _wrap(lora_utils.LoraState, "make_lora_inputs", _make_v2_warning)

@@ -16,6 +16,8 @@ import numpy as np
 
 from engine_ext.vllm_plugin.config import ConfigWatcher, PluginConfig, adapter_is_prefill_only
 from engine_ext.vllm_plugin.counters import DecisionCounters, default_counter_dir
+from engine_ext.vllm_plugin.direft import ModelShape, ReftStep, ReftStore
+from engine_ext.vllm_plugin.guards import Support, log_refusal
 from engine_ext.vllm_plugin.hashing import (
     NO_ADAPTER_HASH,
     AdapterEntry,
@@ -52,16 +54,26 @@ class StepState:
     lora_paths: dict[int, str]
     mapping_type: object
     routes: list[RoutePlan] = field(default_factory=list)
+    reft_ids: set[int] = field(default_factory=set)
+    """lora ids of the DiReFT adapters in the step (out of vLLM's LoRA path)."""
+    reft: ReftStep | None = None
+    """The DiReFT edits the layer hooks apply."""
+
+
+SUPPORT = Support()
+"""Features refused in this process (kept across `reset_state`: they describe vLLM itself)."""
 
 
 class PluginState:
     """Everything the plugin keeps in one process."""
 
-    def __init__(self, watcher: ConfigWatcher | None = None) -> None:
+    def __init__(self, watcher: ConfigWatcher | None = None,
+                 support: Support | None = None) -> None:
         self.watcher = watcher or ConfigWatcher.from_env()
         self.config = PluginConfig()
         self.registry = AdapterHashRegistry()
-        self.counters = DecisionCounters(default_counter_dir())
+        self.support = SUPPORT if support is None else support
+        self.counters = DecisionCounters(default_counter_dir(), refused=self.support.refused)
         self.channel: dict[str, int] = {}
         """request id -> decision hash written by the local router (the "KV transfer")."""
         self.resolved: dict[str, int] = {}
@@ -72,6 +84,11 @@ class PluginState:
         self.route_module = None
         """The decoder layer whose output the router reads."""
         self.runner = None
+        self.reft_store = ReftStore()
+        self.model_shape: ModelShape | None = None
+        """The served model, set when the runner loads it (DiReFT files are checked against it)."""
+        self.loaded_versions: dict[int, tuple] = {}
+        """lora id -> version of the adapter files this worker loaded."""
         self.refresh()
 
     def refresh(self) -> PluginConfig:
@@ -82,9 +99,28 @@ class PluginState:
             self.registry = config.build_registry()
             directory = Path(config.counter_dir) if config.counter_dir else default_counter_dir()
             if directory != self.counters.directory:
-                self.counters = DecisionCounters(directory)
+                self.counters = DecisionCounters(directory, refused=self.support.refused)
+                self.counters.flush()
             self.router = None  # rebuilt by the model hook with the new options
         return config
+
+    def refuse(self, feature: str, reason: str) -> None:
+        """Refuse a feature in this process: one log line, recorded in the counter file."""
+        if self.support.refuse(feature, reason):
+            log_refusal(feature, reason)
+            self.counters.flush()
+
+    def unrouted(self, request_id: str, reason: str) -> None:
+        """A routing candidate the router cannot decide for: base model, counted, logged once."""
+        if not self.counters.counts["unrouted"]:
+            logger.warning("molcap: request %s not routed (runs on the base model): %s; "
+                           "further cases are only counted (kind=unrouted)", request_id, reason)
+        self.counters.add("unrouted", request_id, NO_ADAPTER_HASH, reason)
+        self.resolved[request_id] = NO_ADAPTER_HASH
+
+    def reject(self, request_id: str, reason: str) -> None:
+        """Count a request refused at the front end because a feature it needs is refused."""
+        self.counters.add("rejected", request_id, 0, reason)
 
     def is_prefill_only(self, path: str) -> bool:
         """Whether the adapter at `path` is LoRA_P under the current config."""
@@ -154,8 +190,9 @@ def get_state() -> PluginState:
     return _STATE
 
 
-def reset_state(watcher: ConfigWatcher | None = None) -> PluginState:
+def reset_state(watcher: ConfigWatcher | None = None,
+                support: Support | None = None) -> PluginState:
     """Replace this process's state (tests, or a config path set after start-up)."""
     global _STATE
-    _STATE = PluginState(watcher)
+    _STATE = PluginState(watcher, support)
     return _STATE

@@ -116,7 +116,8 @@ def test_counters_from_several_processes_are_summed(tmp_path):
               "c.add('unknown', 'r1', 5, None)")
     subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, cwd=ROOT)
     totals = sum_counters(tmp_path)
-    assert totals.counts == {"written": 1, "read": 1, "applied": 0, "unknown": 1}
+    assert totals.counts == {"written": 1, "read": 1, "applied": 0, "unknown": 1, "unrouted": 0,
+                             "rejected": 0}
     assert sorted(p["role"] for p in totals.per_process) == ["decode", "prefill"]
     assert totals.undelivered == 0 and sum_counters(tmp_path / "none").counts["written"] == 0
 

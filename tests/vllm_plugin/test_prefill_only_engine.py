@@ -9,6 +9,7 @@ import pytest
 from vllm_helpers import (
     create_llm,
     generate,
+    generate_cached,
     prompt_ids,
     reference_engine,
     save_adapter,
@@ -97,3 +98,31 @@ def test_prefix_cache_does_not_reuse_decode_blocks_of_a_prefill_only_adapter(ser
     assert again == _reference(ref, second, "pre")
     # A repeat of turn 1 hits the prefix cache keyed by this adapter and stays equal.
     assert generate(llm, [first], [requests["pre"]], 40)[0] == reply
+
+
+def test_adding_then_updating_an_adapter_at_run_time(served, tmp_path):
+    # Adding invalidates nothing; rewriting an adapter in place reloads it and invalidates its
+    # cached blocks only (vLLM alone keys blocks by name and path, so it would serve KV computed
+    # with the old weights, and its worker would keep the old weights loaded).
+    from vllm.lora.request import LoRARequest
+
+    llm, requests, ref = served
+    model = ref.hf
+    other, mine = prompt_ids(50, 70), prompt_ids(51, 70)  # two full 32-token blocks each
+    kept = generate_cached(llm, other, requests["pre2"])
+    assert generate_cached(llm, other, requests["pre2"]) == (kept[0], 64)
+    path = save_adapter(model, tmp_path / "upd", seed=9, prefill_only=False)
+    added = LoRARequest("upd", 50, str(path))
+    first = generate_cached(llm, mine, added)
+    assert first[0] == reference_engine(model, {"upd": path}).generate(mine, "upd",
+                                                                      max_new_tokens=8)
+    assert generate_cached(llm, mine, added) == (first[0], 64)
+    assert generate_cached(llm, other, requests["pre2"]) == (kept[0], 64)
+
+    save_adapter(model, path, seed=10, prefill_only=False)  # the same path, new weights
+    updated, cached = generate_cached(llm, mine, added)
+    assert cached == 0
+    assert updated == reference_engine(model, {"upd": path}).generate(mine, "upd",
+                                                                     max_new_tokens=8)
+    assert updated != first[0]
+    assert generate_cached(llm, other, requests["pre2"]) == (kept[0], 64)

@@ -11,6 +11,7 @@ from safetensors.torch import save_file
 from vllm_helpers import (
     create_llm,
     generate,
+    generate_cached,
     prompt_ids,
     reference_engine,
     save_adapter,
@@ -50,7 +51,8 @@ def served(tmp_path_factory):
     old = os.environ.get(CONFIG_ENV)
     os.environ[CONFIG_ENV] = str(root / "plugin.json")
     reset_state()
-    llm = create_llm(root / "model", enable_prefix_caching=False, max_num_batched_tokens=256)
+    llm = create_llm(root / "model", enable_prefix_caching=True, max_num_batched_tokens=256,
+                     max_model_len=512)
     ref = reference_engine(model, paths, route_layer=ROUTE_LAYER)
     plugin_config = load_plugin_config(root / "plugin.json")
     ref_router = InEngineRouter(plugin_config.router, model.model.embed_tokens,
@@ -131,7 +133,8 @@ def test_decisions_from_the_transfer_unknown_hash_counted_and_run_on_base(served
     assert outs[0] == s["ref"].generate(prompt, "r2", max_new_tokens=MAX_TOKENS)
     assert outs[1] == s["ref"].generate(prompt, None, max_new_tokens=MAX_TOKENS)
     delta = {k: after.counts[k] - before[k] for k in before}
-    assert delta == {"written": 0, "read": 2, "applied": 1, "unknown": 1}
+    assert delta == {"written": 0, "read": 2, "applied": 1, "unknown": 1, "unrouted": 0,
+                     "rejected": 0}
     assert any(d["kind"] == "unknown" and d["adapter_hash"] == bogus for d in after.decisions)
 
 
@@ -175,3 +178,45 @@ def test_config_edit_is_picked_up_by_the_running_engine(served):
         os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2 * 10**9))
     generate(s["llm"], [prompt], [None], 2)
     assert sum_counters(s["counters"]).counts["written"] == before + 1  # router back on
+
+
+def _diverging_pair(s, prefix: list[int]) -> tuple[list[int], list[int]]:
+    """Two prompts sharing `prefix` that the router sends to different adapters."""
+    first = prefix + prompt_ids(600, 10)
+    for seed in range(601, 640):
+        second = prefix + prompt_ids(seed, 10)
+        if _reference_choice(s, second) != _reference_choice(s, first):
+            return first, second
+    raise AssertionError("no diverging pair found")
+
+
+def test_prefix_caching_on_never_serves_kv_routed_to_another_adapter(served):
+    # Two prompts share two full KV blocks but are routed to different adapters: the second
+    # must not reuse the first's blocks (their layers above k ran under the other adapter).
+    s = served
+    first, second = _diverging_pair(s, prompt_ids(610, 64))
+    for prompt in (first, second, first):
+        out, cached = generate_cached(s["llm"], prompt, None, MAX_TOKENS)
+        name = _reference_choice(s, prompt)
+        assert out == s["ref"].generate(prompt, name, max_new_tokens=MAX_TOKENS)
+        assert cached == 0  # a routing candidate reads no cached prefix
+
+
+def test_prefix_caching_on_shares_blocks_of_one_decision(served):
+    s = served
+    prompt = prompt_ids(620, 70)
+    carried = {HASH_KEY: adapter_hash(str(s["paths"]["r1"]))}
+    first = generate_cached(s["llm"], prompt, None, MAX_TOKENS, carried)
+    again = generate_cached(s["llm"], prompt, None, MAX_TOKENS, carried)
+    assert first[0] == again[0] == s["ref"].generate(prompt, "r1", max_new_tokens=MAX_TOKENS)
+    assert (first[1], again[1]) == (0, 64)
+
+
+def test_a_prompt_longer_than_one_prefill_step_is_not_routed_and_says_so(served):
+    s = served
+    prompt = prompt_ids(630, 300)  # max_num_batched_tokens=256: two chunks
+    before = sum_counters(s["counters"]).counts
+    out = generate(s["llm"], [prompt], [None], 4)[0]
+    after = sum_counters(s["counters"]).counts
+    assert after["unrouted"] == before["unrouted"] + 1 and after["written"] == before["written"]
+    assert out == s["ref"].generate(prompt, None, max_new_tokens=4)

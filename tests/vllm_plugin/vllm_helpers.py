@@ -88,3 +88,26 @@ def generate(llm, prompts: list[list[int]], loras: list, max_tokens: int,
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
                         lora_request=loras, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def pd_transfer_config(role: str, storage: str):
+    """The plugin's KV connector (vLLM's shared-storage connector + routing decisions)."""
+    from vllm.config import KVTransferConfig
+
+    return KVTransferConfig(kv_connector="MolcapRoutedConnector",
+                            kv_connector_module_path="engine_ext.vllm_plugin.kv_transfer",
+                            kv_role=role,
+                            kv_connector_extra_config={"shared_storage_path": storage})
+
+
+def generate_cached(llm, prompt: list[int], lora, max_tokens: int = 8,
+                    extra_args: dict | None = None) -> tuple[list[int], int]:
+    """(greedy tokens, prompt tokens served from the prefix cache) of one request."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                            detokenize=False, extra_args=extra_args)
+    (out,) = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, lora_request=[lora],
+                          use_tqdm=False)
+    return list(out.outputs[0].token_ids), out.num_cached_tokens
