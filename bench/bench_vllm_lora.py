@@ -5,7 +5,8 @@
 One engine (tiny random Llama, float32, eager, max_num_seqs=32, max_loras=8, LoRA on) serves
 every configuration, FCFS, greedy, fixed output length. Prompts follow Punica's lognormal
 (sim.workloads.punica_workload); each request gets one of N adapters, uniform or skewed (Zipf 1).
-"lora" adapters act on every token, "lora_p" copies of the same weights are prefill-only. Routing:
+"lora" adapters act on every token, "lora_p" copies of the same weights are prefill-only,
+"direft_p" are DiReFT_P edits (rank 8, every layer, prompt positions only). Routing:
 "in_engine" sends requests without an adapter and the plugin's router picks one after layer k in
 the same prefill; "outside" first sends each prompt for one token (a router's own prefill to
 expose the hidden state), then the real request naming the adapter. Throughput is end-to-end
@@ -35,6 +36,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from vllm_helpers import create_llm, save_adapter, tiny_llama  # noqa: E402
 
+from engine_ext.reft import ReftSpec, random_reft  # noqa: E402
+from engine_ext.reft_io import save_reft_adapter  # noqa: E402
 from engine_ext.vllm_plugin.config import CONFIG_ENV  # noqa: E402
 from engine_ext.vllm_plugin.router import create_pointer_head  # noqa: E402
 from engine_ext.vllm_plugin.runtime import reset_state  # noqa: E402
@@ -42,15 +45,21 @@ from sim.workloads import punica_workload  # noqa: E402
 
 ROUTE_LAYER = 1
 NUM_ROUTED = 4
+KINDS = {"base": 0, "lora": 0, "lora_p": 1000, "direft_p": 3000}
+"""Configurations, and the offset of their lora_int_id (2000: the outside router's requests)."""
 
 
 def build(root: Path, max_adapters: int) -> dict:
-    """Model, adapters (LoRA and LoRA_P copies), routed adapters and router head on disk."""
+    """Model, adapters (LoRA, LoRA_P copies, DiReFT_P), routed adapters, router head on disk."""
     model = tiny_llama(root / "model")
     lora = [save_adapter(model, root / f"lora{i}", seed=i, prefill_only=False)
             for i in range(max_adapters)]
     lora_p = [save_adapter(model, root / f"lorap{i}", seed=i, prefill_only=True)
               for i in range(max_adapters)]
+    gen = torch.Generator().manual_seed(3)
+    reft_spec = ReftSpec(rank=8, layers=tuple(range(model.config.num_hidden_layers)))
+    direft_p = [save_reft_adapter(random_reft(reft_spec, model.config.hidden_size, gen),
+                                  root / f"direftp{i}") for i in range(max_adapters)]
     routed = [save_adapter(model, root / f"routed{i}", seed=100 + i, prefill_only=False,
                            layers=(2, 3)) for i in range(NUM_ROUTED)]
     torch.manual_seed(7)
@@ -60,7 +69,7 @@ def build(root: Path, max_adapters: int) -> dict:
                         options=[{"adapter": None, "description_token_ids": [1]}])
     save_file(create_pointer_head(stub, model.config.hidden_size).state_dict(),
               str(root / "head.safetensors"))
-    return dict(lora=lora, lora_p=lora_p, routed=routed)
+    return dict(lora=lora, lora_p=lora_p, direft_p=direft_p, routed=routed)
 
 
 def write_config(root: Path, routed: list[Path], *, router: bool) -> None:
@@ -139,11 +148,11 @@ def main() -> None:
                                    num_output_tokens=args.output_tokens)
             prompts = [rng.integers(3, vocab, int(n)).tolist() for n in work.turn_user_tokens]
             domains = work.turn_domain
-            for kind in ("base", "lora", "lora_p"):
+            for kind, offset in KINDS.items():
                 if kind == "base" and rows and any(r["kind"] == "base" for r in rows):
                     continue  # the base model does not depend on the adapter mix
                 loras = (None if kind == "base" else lora_requests(
-                    paths[kind], domains, 0 if kind == "lora" else 1000, kind))
+                    paths[kind], domains, offset, kind))
                 result = run(llm, prompts, loras, args.output_tokens)
                 rows.append(dict(kind=kind, num_adapters=num_adapters, mix=mix, **result))
                 print(_row(rows[-1]), flush=True)

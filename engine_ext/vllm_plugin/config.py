@@ -60,6 +60,10 @@ class RouterConfig(_Frozen):
     """PointerHead option_depth."""
     options: list[RouterOptionConfig] = Field(min_length=1)
     """The options scored per request."""
+    redecide_every: int | None = Field(default=None, ge=1)
+    """Re-route a routed request every k generated tokens on all its tokens so far (the
+    agent/tool-call case); a changed decision recomputes the context under the new adapter.
+    None: decide once, on the prompt."""
 
 
 class PluginConfig(_Frozen):

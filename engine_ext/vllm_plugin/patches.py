@@ -66,23 +66,48 @@ def _resolve_requests(runner, state, batch, lora_ids, num_computed, num_prompt, 
         if lora_ids[i] != 0:
             continue  # a named adapter is never rerouted
         entry = state.read_decision(request_id, _incoming_hash(runner, request_id))
+        row = (i, request_id, int(starts[i]), int(num_computed[i]), int(num_prompt[i]),
+               int(sched[i]))
         if entry is not None:
             lora_ids[i] = entry.hash
             requests.setdefault(entry.hash, _lora_request(entry))
-        elif (state.router is not None and request_id not in state.resolved
-              and num_computed[i] < num_prompt[i] <= num_computed[i] + sched[i]):
-            if num_computed[i] > 0:  # earlier chunks ran the layers above k on base weights
-                state.unrouted(request_id, f"prompt of {num_prompt[i]} tokens did not fit one "
-                               "prefill step (raise max_num_batched_tokens, or disaggregate)")
-                continue
-            end = starts[i] + num_prompt[i] - num_computed[i]
-            routes.append(RoutePlan(i, request_id, int(starts[i]), int(end)))
+            plan = _redecide_plan(state, *row)
+        elif state.router is not None and request_id not in state.resolved:
+            plan = _route_plan(state, *row)
+        else:
+            plan = None
+        if plan is not None:
+            routes.append(plan)
     if routes:  # the router may pick any option: keep them all in adapter slots this step
         for option in state.router.config.options:
             entry = state.entry_by_name(option.adapter)
             if entry is not None:
                 requests.setdefault(entry.hash, _lora_request(entry))
     return requests, routes
+
+
+def _route_plan(state, index, request_id, start, computed, prompt, sched) -> RoutePlan | None:
+    """The prompt tokens of a routing candidate in this step (pooled across chunks)."""
+    if computed >= prompt:
+        return None
+    final, whole = computed + sched >= prompt, computed == 0
+    if final and not whole and not state.scheduler_here:
+        state.unrouted(request_id, f"prompt of {prompt} tokens did not fit one prefill step "
+                       "and vLLM's scheduler runs in another process, so the request cannot be "
+                       "recomputed under the decision (raise max_num_batched_tokens)")
+        return None
+    return RoutePlan(index, request_id, start, start + min(prompt - computed, sched),
+                     final=final, whole=whole)
+
+
+def _redecide_plan(state, index, request_id, start, computed, prompt, sched) -> RoutePlan | None:
+    """Every token of a routed request in this step; a decision when k more were generated."""
+    every = None if state.router is None else state.router.config.redecide_every
+    if every is None or request_id not in state.routed or not state.scheduler_here:
+        return None
+    generated = computed + sched - prompt  # output tokens up to this step's last input
+    return RoutePlan(index, request_id, start, start + sched,
+                     final=generated > 0 and generated % every == 0, whole=False, redecide=True)
 
 
 def _reload_updated(runner, state, requests) -> None:
@@ -242,6 +267,50 @@ def _make_apply_shrink(original):
     return _apply_shrink
 
 
+def _make_schedule(original):
+    def schedule(self, *args, **kwargs):
+        # Recompute requests can be applied in this process; not tested with async scheduling
+        # or speculative decoding (in-flight tokens), so not offered there.
+        config = self.vllm_config
+        get_state().scheduler_here = (not self.scheduler_config.async_scheduling
+                                      and config.speculative_config is None)
+        return original(self, *args, **kwargs)
+
+    return schedule
+
+
+def _make_update_from_output(original):
+    def update_from_output(self, scheduler_output, model_runner_output):
+        state = get_state()
+        switched = {r: v for r, v in state.recompute.items()
+                    if r in scheduler_output.num_scheduled_tokens}
+        index = model_runner_output.req_id_to_index
+        for request_id in switched:  # its token was sampled under the adapter it leaves
+            if request_id in index and model_runner_output.sampled_token_ids:
+                model_runner_output.sampled_token_ids[index[request_id]] = []
+        outputs = original(self, scheduler_output, model_runner_output)
+        for request_id, value in switched.items():
+            del state.recompute[request_id]
+            request = self.requests.get(request_id)
+            if request is not None and not request.is_finished() and request in self.running:
+                _switch(self, request, value, state)
+        return outputs
+
+    return update_from_output
+
+
+def _switch(scheduler, request, value: int, state) -> None:
+    """Preempt `request` and resume it under the adapter of `value` (recomputed from token 0)."""
+    import time
+
+    entry = state.registry.lookup(value)
+    scheduler.running.remove(request)
+    scheduler._preempt_request(request, time.monotonic())
+    request.lora_request = None if entry is None else _lora_request(entry)
+    request.block_hashes = []  # rehashed under the adapter: its blocks are that adapter's now
+    request.update_block_hashes()
+
+
 def install() -> None:
     """Check the vLLM version and internals, then patch what they allow (idempotent)."""
     import vllm
@@ -261,5 +330,9 @@ def install() -> None:
     _wrap(mixin.LoRAModelRunnerMixin, "load_lora_model", _make_load_lora_model)
     _wrap(mixin.LoRAModelRunnerMixin, "set_active_loras", _make_set_active_loras)
     _wrap(punica_cpu.PunicaWrapperCPU, "_apply_shrink", _make_apply_shrink)
+    from vllm.v1.core.sched import scheduler
+
+    _wrap(scheduler.Scheduler, "schedule", _make_schedule)
+    _wrap(scheduler.Scheduler, "update_from_output", _make_update_from_output)
     for module in (kv_cache_utils, block_pool):
         _wrap(module, "generate_block_hash_extra_keys", _make_extra_keys)

@@ -1,14 +1,20 @@
 """In-engine routing in the served model: the router built from the config, the layer-k hook.
 
-During the normal prefill a forward hook on decoder layer k mean-pools each routed request's
-prompt tokens (vLLM keeps `hidden + residual` un-added; the hook adds them), lets engine_ext's
-pointer head choose, writes the decision and re-points the request's LoRA mapping before layer
-k+1 runs. Needs eager mode (guards.py refuses routing otherwise).
+During the normal prefill a forward hook on decoder layer k keeps each routing candidate's
+layer-k states (vLLM keeps `hidden + residual` un-added; the hook adds them). When its prompt
+ends in the step, engine_ext's pointer head chooses on the mean of all its prompt states and the
+decision is written. A prompt that was all in this step is re-pointed to the decision before
+layer k+1 runs; one that took several steps ran the layers above k of its earlier chunks under
+no adapter, so it is recomputed under the decision (the scheduler patch preempts and resumes
+it). With `redecide_every: k` a routed request is routed again every k generated tokens on all
+its tokens so far, and recomputed under a changed decision. Needs eager mode (guards.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import torch
 
 from engine_ext.lora import LoraSpec
 from engine_ext.peft_io import CONFIG_NAME, read_adapter_config
@@ -49,7 +55,7 @@ def ensure_router(runner, state) -> None:
 
 
 def on_route_layer(module, args, output):
-    """After layer k: route the requests whose prompt ends in this step, re-point their LoRA."""
+    """After layer k: pool the routed requests' states; decide where a decision is due."""
     from vllm.lora.layers import LoRAMapping
 
     from engine_ext.vllm_plugin.patches import step_mapping
@@ -61,13 +67,36 @@ def on_route_layer(module, args, output):
     hidden, residual = output
     # vLLM's layers hand the residual to the next norm un-added; the layer output is their sum.
     stream = hidden if residual is None else hidden + residual  # [N, D]
+    repoint = False
     for plan in step.routes:
-        name = state.router.choose(stream[plan.token_start : plan.token_end])
-        # The prefill side applies its own decision above k; later steps read the hash back.
-        step.req_lora_ids[plan.index] = state.write_decision(plan.request_id, name)
+        chunks = state.pooled.setdefault(plan.request_id, [])
+        chunks.append(stream[plan.token_start : plan.token_end].detach().clone())
+        if plan.final:
+            repoint |= _decide(state, step, plan, torch.cat(chunks))
     step.routes = []
-    prompt_map, token_map, _ = step_mapping(state, step)
-    manager = state.runner.lora_manager._adapter_manager
-    manager.set_adapter_mapping(LoRAMapping(token_map, prompt_map, is_prefill=True,
-                                            type=step.mapping_type))
+    if repoint:
+        prompt_map, token_map, _ = step_mapping(state, step)
+        manager = state.runner.lora_manager._adapter_manager
+        manager.set_adapter_mapping(LoRAMapping(token_map, prompt_map, is_prefill=True,
+                                                type=step.mapping_type))
     return None
+
+
+def _decide(state, step, plan, states: torch.Tensor) -> bool:
+    """Route one request on its layer-k states; True when this step's mapping must change."""
+    name = state.router.choose(states)
+    redecide = state.router.config.redecide_every is not None
+    if not redecide:
+        state.pooled.pop(plan.request_id, None)
+    entry = state.entry_by_name(name)
+    if plan.redecide and (0 if entry is None else entry.hash) == state.routed[plan.request_id]:
+        return False  # the same adapter again: nothing changes
+    value = state.write_decision(plan.request_id, name)
+    if redecide:
+        state.routed[plan.request_id] = value
+    if not plan.whole:
+        state.request_recompute(plan.request_id, value)
+        return False
+    # The prefill side applies its own decision above k; later steps read the hash back.
+    step.req_lora_ids[plan.index] = value
+    return True

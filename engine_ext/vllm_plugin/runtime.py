@@ -40,6 +40,14 @@ class RoutePlan:
     """First of its prompt tokens in the step's flat token order."""
     token_end: int
     """One past its last prompt token in the step."""
+    final: bool = True
+    """Decide in this step (the prompt ends here, or a re-decision is due)."""
+    whole: bool = True
+    """All the tokens decided on are in this step: the decision applies from layer k+1 on.
+    Otherwise the tokens computed earlier ran the layers above k under another adapter, and the
+    request is recomputed under the decision (`PluginState.recompute`)."""
+    redecide: bool = False
+    """A re-decision of a request already routed (RouterConfig.redecide_every)."""
 
 
 @dataclass
@@ -89,6 +97,14 @@ class PluginState:
         """The served model, set when the runner loads it (DiReFT files are checked against it)."""
         self.loaded_versions: dict[int, tuple] = {}
         """lora id -> version of the adapter files this worker loaded."""
+        self.pooled: dict[str, list] = {}
+        """request id -> layer-k states of its tokens so far (routing across steps)."""
+        self.routed: dict[str, int] = {}
+        """request id -> hash the router gave it (kept for re-decisions only)."""
+        self.recompute: dict[str, int] = {}
+        """request id -> decision whose request must be recomputed (read by the scheduler)."""
+        self.scheduler_here = False
+        """vLLM's scheduler runs in this process (it then applies `recompute`)."""
         self.refresh()
 
     def refresh(self) -> PluginConfig:
@@ -141,6 +157,16 @@ class PluginState:
         self.counters.add("written", request_id, value, None if entry is None else entry.path)
         return value
 
+    def request_recompute(self, request_id: str, value: int) -> None:
+        """The decision arrived after tokens ran under another adapter: recompute the request.
+
+        The scheduler drops the token sampled in this step, preempts the request and resumes it
+        under the decision; its next step reads the decision like any other.
+        """
+        self.recompute[request_id] = value
+        self.pooled[request_id] = []  # the recompute runs every token through layer k again
+        self.resolved.pop(request_id, None)
+
     def read_decision(self, request_id: str, incoming: int | None) -> AdapterEntry | None:
         """Decode side: the adapter decided for a request, resolved once through the registry.
 
@@ -174,7 +200,7 @@ class PluginState:
 
     def forget(self, live_request_ids: set[str]) -> None:
         """Drop decisions of requests that have left the engine."""
-        for table in (self.channel, self.resolved):
+        for table in (self.channel, self.resolved, self.pooled, self.routed):
             for request_id in [r for r in table if r not in live_request_ids]:
                 del table[request_id]
 

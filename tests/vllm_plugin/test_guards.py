@@ -131,3 +131,20 @@ def test_decision_hash_rejected_where_routed_decode_is_refused(fresh):
     with pytest.raises(frontend.PluginRequestError, match="routing decision"):
         validate(_processor(v2=True, eager=True), params, ())
     assert sum_counters(counters).counts["rejected"] == 1
+
+
+def test_a_chunked_prompt_is_not_routed_loudly_without_the_scheduler_in_process(fresh, caplog):
+    from engine_ext.vllm_plugin.patches import _route_plan
+
+    state, counters = fresh
+    state.scheduler_here = False  # e.g. tensor parallel: workers in their own processes
+    assert _route_plan(state, 0, "first-chunk", 0, 0, 300, 256).final is False
+    with caplog.at_level(logging.WARNING):
+        assert _route_plan(state, 0, "r", 0, 256, 300, 44) is None
+        assert _route_plan(state, 1, "r2", 0, 256, 300, 44) is None
+    warnings = [r.getMessage() for r in caplog.records if "not routed" in r.getMessage()]
+    assert len(warnings) == 1 and "scheduler runs in another process" in warnings[0]
+    assert sum_counters(counters).counts["unrouted"] == 2
+    state.scheduler_here = True
+    plan = _route_plan(state, 0, "r3", 10, 256, 300, 44)
+    assert (plan.final, plan.whole, plan.token_start, plan.token_end) == (True, False, 10, 54)

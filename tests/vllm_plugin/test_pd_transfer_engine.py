@@ -37,7 +37,7 @@ HERE = Path(__file__).parent
 
 
 def _plugin_config(root: Path, paths: dict[str, Path]) -> Path:
-    torch.manual_seed(7)
+    torch.manual_seed(1)  # a head whose decisions depend on the prompt
     stub = RouterConfig(route_layer=ROUTE_LAYER, head_path="-",
                         options=[{"adapter": None, "description_token_ids": [1]}])
     save_file(create_pointer_head(stub, 256).state_dict(), str(root / "head.safetensors"))

@@ -37,7 +37,7 @@ def served(tmp_path_factory):
     model = tiny_llama(root / "model")
     paths = {name: save_adapter(model, root / name, seed=seed, prefill_only=False,
                                 layers=(2, 3)) for name, seed in (("r1", 5), ("r2", 6))}
-    torch.manual_seed(7)
+    torch.manual_seed(1)  # a head whose decisions depend on the prompt
     head = create_pointer_head(load_plugin_config_stub(), model.config.hidden_size)
     save_file(head.state_dict(), str(root / "head.safetensors"))
     config = {
@@ -180,21 +180,23 @@ def test_config_edit_is_picked_up_by_the_running_engine(served):
     assert sum_counters(s["counters"]).counts["written"] == before + 1  # router back on
 
 
-def _diverging_pair(s, prefix: list[int]) -> tuple[list[int], list[int]]:
-    """Two prompts sharing `prefix` that the router sends to different adapters."""
-    first = prefix + prompt_ids(600, 10)
-    for seed in range(601, 640):
-        second = prefix + prompt_ids(seed, 10)
-        if _reference_choice(s, second) != _reference_choice(s, first):
-            return first, second
+def _diverging_pair(s) -> tuple[list[int], list[int]]:
+    """Two prompts sharing a full 32-token block that the router sends to different adapters."""
+    for prefix_seed in range(610, 640):
+        prefix = prompt_ids(prefix_seed, 32)
+        first = prefix + prompt_ids(600, 40)
+        for seed in range(601, 610):
+            second = prefix + prompt_ids(seed, 40)
+            if _reference_choice(s, second) != _reference_choice(s, first):
+                return first, second
     raise AssertionError("no diverging pair found")
 
 
 def test_prefix_caching_on_never_serves_kv_routed_to_another_adapter(served):
-    # Two prompts share two full KV blocks but are routed to different adapters: the second
-    # must not reuse the first's blocks (their layers above k ran under the other adapter).
+    # Two prompts share a full KV block but are routed to different adapters: the second must
+    # not reuse the first's block (its layers above k ran under the other adapter).
     s = served
-    first, second = _diverging_pair(s, prompt_ids(610, 64))
+    first, second = _diverging_pair(s)
     for prompt in (first, second, first):
         out, cached = generate_cached(s["llm"], prompt, None, MAX_TOKENS)
         name = _reference_choice(s, prompt)
@@ -212,11 +214,57 @@ def test_prefix_caching_on_shares_blocks_of_one_decision(served):
     assert (first[1], again[1]) == (0, 64)
 
 
-def test_a_prompt_longer_than_one_prefill_step_is_not_routed_and_says_so(served):
+def test_a_prompt_longer_than_one_prefill_step_is_routed_on_all_its_chunks(served):
+    # max_num_batched_tokens=256: the prompt takes two steps. The decision pools both chunks,
+    # and the request is recomputed under it (its first chunk ran the upper layers on base).
     s = served
-    prompt = prompt_ids(630, 300)  # max_num_batched_tokens=256: two chunks
     before = sum_counters(s["counters"]).counts
-    out = generate(s["llm"], [prompt], [None], 4)[0]
+    for seed in (630, 631):
+        prompt = prompt_ids(seed, 300)
+        name = _reference_choice(s, prompt)
+        out = generate(s["llm"], [prompt], [None], MAX_TOKENS)[0]
+        assert out == s["ref"].generate(prompt, name, max_new_tokens=MAX_TOKENS)
+        assert out == generate(s["llm"], [prompt], [s["named"][name]], MAX_TOKENS)[0]
     after = sum_counters(s["counters"]).counts
-    assert after["unrouted"] == before["unrouted"] + 1 and after["written"] == before["written"]
-    assert out == s["ref"].generate(prompt, None, max_new_tokens=4)
+    assert after["written"] - before["written"] == 2 and after["unrouted"] == before["unrouted"]
+    assert after["read"] - before["read"] == 2  # each decision read back after the recompute
+
+
+def _reference_redecide(s, prompt: list[int], every: int, total: int) -> list[int]:
+    """engine_ext's answer when the route is decided again every `every` generated tokens."""
+    outs: list[int] = []
+    name = _reference_choice(s, prompt)
+    while len(outs) < total:
+        step = min(every - len(outs) % every, total - len(outs))
+        outs += s["ref"].generate(prompt + outs, name, max_new_tokens=step)
+        if len(outs) % every == 0:
+            name = _reference_choice(s, prompt + outs)
+    return outs
+
+
+def test_redecide_every_k_tokens_switches_like_an_explicit_handoff(served):
+    s = served
+    every = 4
+    file = s["counters"].parent / "plugin.json"
+    original = file.read_text()
+    stat = file.stat()
+    config = json.loads(original)
+    config["router"]["redecide_every"] = every
+    switching = []
+    for seed in range(700, 760):  # prompts whose route changes after some multiple of k tokens
+        prompt = prompt_ids(seed, 20)
+        first = s["ref"].generate(prompt, _reference_choice(s, prompt), max_new_tokens=every)
+        if _reference_choice(s, prompt + first) != _reference_choice(s, prompt):
+            switching.append(prompt)
+        if len(switching) == 2:
+            break
+    assert switching, "no prompt whose route changes"
+    try:
+        file.write_text(json.dumps(config))
+        os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        for prompt in switching:
+            out = generate(s["llm"], [prompt], [None], 3 * every)[0]
+            assert out == _reference_redecide(s, prompt, every, 3 * every)
+    finally:
+        file.write_text(original)
+        os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2 * 10**9))
