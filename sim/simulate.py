@@ -77,6 +77,16 @@ def create_profile(config: SimConfig) -> CostProfile:
         num_head_params=s.num_head_params)
 
 
+def pricing_identity(config: SimConfig) -> str:
+    """Everything a step's price depends on besides the step: coefficients and the profile's
+    inputs (see `create_profile`)."""
+    s = config.strategy
+    return "|".join((config.coeffs.model_dump_json(), config.arch.model_dump_json(),
+                     config.gpu.model_dump_json(), str(config.tensor_parallel_size),
+                     s.adapter_kind, str(s.adapter_rank), repr(s.adapter_placements),
+                     str(s.num_head_params)))
+
+
 def _agent_loads(workload: Workload, num_agents: int) -> list[float]:
     """Each agent's share of the work: the tokens of the turns of its domain."""
     tokens = workload.turn_user_tokens + workload.turn_reply_tokens
@@ -173,7 +183,7 @@ def simulate(config: SimConfig, workload: Workload, *, timeseries_interval_s: fl
         config.coeffs, profile, replay_first_layer=ced.num_encoder_layers if ced else 0,
         num_decode_compute_tokens=1 + config.engine.num_speculative_tokens,
         num_tokens_per_decode_step=config.engine.num_tokens_per_decode_step,
-        is_fast=config.mode == "fast")
+        is_fast=config.mode == "fast", shared_key=pricing_identity(config))
     env = simpy.Environment()
     counter = StepCounter(config.bounds.max_engine_steps)
     recorder = MetricsRecorder(timeseries_interval_s)

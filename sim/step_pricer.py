@@ -58,18 +58,33 @@ class DecodeRun:
         return hi
 
 
+_SHARED_NON_ATTENTION: dict[str, dict[tuple, float]] = {}
+"""Non-attention step seconds by pricing identity, kept across runs of one process: a capacity
+search simulates the same deployment many times (seeds, rates) and re-pricing the same step
+shapes is most of a short run's pricing."""
+MAX_SHARED_TABLES = 32
+
+
 class StepPricer:
     """Prices engine steps for one replica."""
 
     def __init__(self, coeffs: CostCoeffs, profile: CostProfile, *, replay_first_layer: int,
                  num_decode_compute_tokens: int, num_tokens_per_decode_step: int,
-                 is_fast: bool):
+                 is_fast: bool, shared_key: str | None = None):
+        """`shared_key` names everything `predict_step` depends on besides the batch (the
+        coefficients and what built the profile); pricers with the same key share one cache."""
         self.coeffs, self.profile = coeffs, profile
         self.replay_first_layer = replay_first_layer
         self.num_decode_compute_tokens = num_decode_compute_tokens
         self.adv = num_tokens_per_decode_step
         self.is_fast = is_fast
         self._non_attention_s: dict[tuple, float] = {}
+        if shared_key is not None:
+            key = f"{shared_key}|{replay_first_layer}|{num_decode_compute_tokens}"
+            if key not in _SHARED_NON_ATTENTION and len(_SHARED_NON_ATTENTION) >= \
+                    MAX_SHARED_TABLES:
+                del _SHARED_NON_ATTENTION[next(iter(_SHARED_NON_ATTENTION))]  # the oldest
+            self._non_attention_s = _SHARED_NON_ATTENTION.setdefault(key, {})
         self._strided_prefix = np.zeros(0)
         self._table = np.zeros(0)
         self.num_predict_calls = 0
