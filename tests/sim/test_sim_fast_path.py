@@ -146,3 +146,20 @@ def test_fast_equals_reference_with_misroutes_and_named_turns(kind):
     ref, fast = both_modes(config, workload)
     assert fast.summary["num_misroutes"] > 0
     assert_same_requests(ref, fast)
+
+
+@pytest.mark.parametrize("kind", ("multi_lora", "preft"))
+def test_fast_equals_reference_with_the_fitted_cpu_lora_terms(kind):
+    # The cpu entry's fitted coefficients switch on the slice-launch and per-token gather terms
+    # (which depend on whether a step has any adapted token): the fast path's cache must agree.
+    from sim.cost_model import DEFAULT_COEFFS
+
+    config = small_config(kind, model="vllm-tiny-llama", gpu="cpu", max_num_seqs=8,
+                          max_num_batched_tokens=256, max_lora_rank=8)
+    config = config.model_copy(update={"coeffs": DEFAULT_COEFFS["cpu"]})
+    assert config.coeffs.lora_token_gather_share > 0 and config.coeffs.lora_slice_launch_s > 0
+    workload = punica_workload(np.random.default_rng(3), num_requests=40, num_adapters=4,
+                               max_prompt_tokens=300, num_output_tokens=12,
+                               arrival_rate_per_s=50.0)
+    ref, fast = both_modes(config, workload)
+    assert_same_requests(ref, fast)
