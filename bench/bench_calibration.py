@@ -34,7 +34,7 @@ def main() -> None:
     args = parser.parse_args()
     profile = load_profile(profile_path(args.profile))
     md = jobs.validate(profile, args.out, num_repeats=args.repeats, num_requests=args.requests,
-                       clock=args.clock)
+                       clock=args.clock, command="python " + " ".join(sys.argv))
     print(md.read_text())
     if args.docs:
         for name in ("validation.md", "validation.json"):

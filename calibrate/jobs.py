@@ -95,14 +95,15 @@ def fit(root: Path, *, name: str, out_dir: Path, engine: str = "vllm"):
 
 
 def validate(profile_, out: Path, *, num_repeats: int = 3, num_requests: int = 48,
-             clock: str = "cpu", quick: bool = False, on_progress=None) -> Path:
+             clock: str = "cpu", quick: bool = False, on_progress=None,
+             command: str | None = None) -> Path:
     """Measure and predict the validation workloads under `profile_`; returns the table path."""
     from calibrate.validation_run import run_validation
 
     return run_validation(profile_, Path(out), num_repeats=num_repeats,
                           num_requests=num_requests, clock=clock, quick=quick,
                           on_progress=on_progress or (lambda label: None),
-                          command=_command(), load_at_start=load_average())
+                          command=command or _command(), load_at_start=load_average())
 
 
 def calibrate_kind(kind: str, device: str, engine: str, out: str, repeats: int,
