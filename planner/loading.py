@@ -53,6 +53,18 @@ def shorten(value: object) -> str:
     return f"{text[:MAX_SHOWN_CHARS]}... ({length} characters)"
 
 
+_LONG_QUOTED = re.compile(r"(['\"])([^'\"\n]{" + str(MAX_SHOWN_CHARS + 1) + r",})\1")
+
+
+def _cut_quoted(message: str) -> str:
+    """A rule's message with every long quoted value in it cut short (rules echo values)."""
+    def cut(match: re.Match) -> str:
+        quote, body = match.group(1), match.group(2)
+        return f"{quote}{body[:MAX_SHOWN_CHARS]}...{quote} ({len(body)} characters)"
+
+    return _LONG_QUOTED.sub(cut, message)
+
+
 def read_text_file(path: Path, what: str = "scenario") -> str:
     """A small UTF-8 text file, or a ScenarioError `FILE[:LINE]: cannot read: ...` (missing,
     a folder, too big, undecodable bytes with their offset)."""
@@ -237,10 +249,10 @@ def allowed_keys(loc: tuple, root: type[BaseModel] = Scenario) -> list[str] | No
 def _format_error(err: dict, source: str, index: _LineIndex,
                   root: type[BaseModel] = Scenario) -> list[str]:
     loc = tuple(err["loc"])
-    msg = re.sub(r"^(Value|Assertion) error, ", "", err["msg"])
+    msg = _cut_quoted(re.sub(r"^(Value|Assertion) error, ", "", err["msg"]))
     if err["type"] == "extra_forbidden":
         keys = allowed_keys(loc, root)
-        msg = f"unknown key {loc[-1]!r}" + (f"; allowed keys: {keys}" if keys else "")
+        msg = f"unknown key {shorten(loc[-1])}" + (f"; allowed keys: {keys}" if keys else "")
         return [f"{source}:{index.line_of(loc) or '?'}: {index.path_of(loc)}: {msg}"]
     if err["type"] == "value_error" and _PATH_PREFIX.match(msg):
         # Cross-field rules name their own field paths, one problem a line: "a.b.0.c: ..."

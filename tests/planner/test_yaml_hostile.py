@@ -100,3 +100,16 @@ def test_the_cli_shows_no_traceback_for_any_hostile_file(tmp_path):
     assert "Traceback" not in result.stdout + result.stderr
     for path in paths:
         assert f"{path}:" in result.stderr
+
+
+def test_a_huge_value_inside_a_rule_message_is_cut_short(tmp_path):
+    big = "x" * 100_000
+    for name, text in {"gpu": f"hardware: {{gpu: {big}}}\nstrategies: [{{kind: base}}]\n",
+                       "model": f"model: {big}\nstrategies: [{{kind: base}}]\n",
+                       "kind": f"strategies: [{{kind: {big}}}]\n"}.items():
+        path = write(tmp_path, name, text.encode())
+        with pytest.raises(ScenarioError) as info:
+            load_scenario(path)
+        assert all(len(m) < 1000 for m in info.value.messages), (name, len(max(
+            info.value.messages, key=len)))
+        assert any("100000 characters" in m for m in info.value.messages), name
