@@ -33,8 +33,8 @@ def _trial_row(label: str, trial: Trial) -> dict:
                meets_slo=trial.meets_slo, violations="; ".join(trial.violations),
                num_seeds=trial.num_seeds)
     for key in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s",
-                "e2e_p99_s", "output_tokens_per_s", "goodput_turns_per_s", "misroute_rate",
-                "routing_gpu_share"):
+                "e2e_p99_s", "output_tokens_per_s", "reply_tokens_per_s", "goodput_turns_per_s",
+                "misroute_rate", "routing_gpu_share"):
         if key in trial.mean:
             row[key] = trial.mean[key]
             row[f"{key}_min"], row[f"{key}_max"] = trial.low[key], trial.high[key]

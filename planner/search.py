@@ -112,7 +112,10 @@ class Plan:
         """Hourly cost over tokens served per hour, per million (NaN without a throughput)."""
         if self.chosen is None:
             return math.nan
-        tokens_per_s = self.chosen.mean.get("output_tokens_per_s", math.nan)
+        # Tokens the users receive: MoL's route labels and summaries are decoded too, but are
+        # cost, not output (falls back to every output token when replies are not reported).
+        mean = self.chosen.mean
+        tokens_per_s = mean.get("reply_tokens_per_s", mean.get("output_tokens_per_s", math.nan))
         return self.chosen.cost_per_hour_usd / (tokens_per_s * 3600) * 1e6
 
 

@@ -86,3 +86,16 @@ def test_the_pareto_front_holds_only_trials_at_the_target_rate():
     assert chosen in plan.pareto_front or any(
         t.cost_per_hour_usd <= chosen.cost_per_hour_usd
         and t.mean["e2e_p99_s"] <= chosen.mean["e2e_p99_s"] for t in plan.pareto_front)
+
+
+def test_cost_per_million_tokens_counts_the_tokens_users_receive():
+    # MoL decodes route labels and summaries too: 3x the reply tokens leave the GPU, but only
+    # the replies are served. Counting every output token would make it look 3x cheaper.
+    def evaluate(d: Deployment, rate: float, seed: int):
+        return {"e2e_p99_s": 0.5, "reply_tokens_per_s": 100.0 * rate,
+                "output_tokens_per_s": 300.0 * rate}
+
+    space = SearchSpace((H100,), 10.0, {"H100-SXM": 2.0}, seeds=(0,),
+                        rate_upper_bounds={H100: 10.0})
+    plan = search(space, evaluate, SLO)
+    assert plan.cost_per_million_tokens_usd == pytest.approx(2.0 / (1000 * 3600) * 1e6)
