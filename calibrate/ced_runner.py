@@ -192,7 +192,7 @@ def fit_ced(root: Path, *, name: str, out_dir: Path):
     profile = create_calibration_profile(
         result, name=name, model=CED_SMALL_ARCH.name, engine=meta["engine"],
         hardware=meta["hardware"], packages=meta["packages"], num_samples=len(samples),
-        num_train=len(train), load_average=meta["load_average"],
+        load_average=meta["load_average"],
         commands=(f"molcap calibrate profile --engine ced --out {root}", _command()),
         description="torch CED engine, preset 'small' (fp32, one thread): prefill, decode, "
                     "bounded replay and pointer-head routing; engine thread CPU seconds")

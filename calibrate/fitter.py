@@ -168,13 +168,12 @@ def group_profiles(arch, gpu, *, adapter_rank: int, adapter_placements) -> dict[
 
 def create_calibration_profile(result: FitResult, *, name: str, model: str, engine: dict,
                                hardware: dict, packages: dict, num_samples: int,
-                               num_train: int, load_average, commands, description: str = ""):
+                               load_average, commands, description: str = ""):
     """The profile file's model from a fit and where its samples came from."""
     import datetime as dt
 
     from sim.calibration_profile import CalibrationProfile, FitErrorRow, FitSummary
 
-    del num_train  # counted in the error rows
     summary = FitSummary(fitted_terms=result.terms, stderr=result.stderr,
                          errors=tuple(FitErrorRow(**row) for row in result.errors),
                          term_shares=result.term_shares,

@@ -85,7 +85,7 @@ def fit(root: Path, *, name: str, out_dir: Path, engine: str = "vllm"):
     profile_ = create_calibration_profile(
         result, name=name, model="vllm-tiny-llama", engine=meta["engine"],
         hardware=meta["hardware"], packages=meta["packages"], num_samples=len(samples),
-        num_train=len(train), load_average=meta["load_average"],
+        load_average=meta["load_average"],
         commands=(f"molcap calibrate profile --out {root}", _command()),
         description="vLLM step times of the tiny float32 Llama (4 layers, hidden 256), rank-8 "
                     "LoRA on q/v/o/down; step seconds are the engine thread's CPU time")

@@ -188,13 +188,6 @@ def vllm_probe_grid(kinds: tuple[str, ...], num_repeats: int = 2, max_loras: int
     return probes
 
 
-def timed(fn) -> float:
-    """Wall seconds of `fn()`."""
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def probe_key(engine: str, probe: dict) -> str:
     """Stable file name of a probe in the points store."""
     parts = [engine] + [f"{k}{probe[k]}" for k in sorted(probe)]

@@ -97,3 +97,14 @@ def test_fitted_lora_mechanisms_explain_lora_vs_lora_p_where_the_assumed_ones_do
     # about as fast as LoRA, far from the measured gap.
     assumed_error = _ratio_error(measured, _predicted(measured, ASSUMED_BEFORE))
     assert abs(assumed_error) > 0.15  # measured 23% here
+
+
+def test_an_untested_vllm_version_is_refused_naming_the_tested_one(monkeypatch):
+    import vllm
+
+    from calibrate.runner import check_vllm_version
+
+    monkeypatch.delenv("MOLCAP_ANY_VLLM", raising=False)
+    monkeypatch.setattr(vllm, "__version__", "0.99.1")
+    with pytest.raises(RuntimeError, match=r"vLLM 0\.99\.1 .*tested on \(0\.32\.0\)"):
+        check_vllm_version()
