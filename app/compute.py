@@ -1,8 +1,9 @@
 """Planner calls behind `st.cache_data`, keyed by the scenario's content, with progress shown.
 
 A cache hit answers at once; a miss runs the planner (which also reuses the points `molcap run`
-or an earlier session finished under out/<name>/points). Strategies are simulated one point at
-a time so the progress bar moves between them (a cached function must not draw).
+or an earlier session finished under out/<name>/points). A new scenario's strategies are
+simulated in parallel processes outside any cached function (a cached function must not draw,
+and the progress bar moves as each finishes), then read back from the store.
 """
 
 from __future__ import annotations
@@ -11,33 +12,31 @@ import streamlit as st
 
 from app import state
 from planner.analysis import run_comparisons
-from planner.dashboard import SimTables, sim_tables, simulate_one
+from planner.dashboard import SimTables, is_simulated, simulate_scenario
 from planner.scenario import Scenario
 
-
-@st.cache_data(show_spinner=False, max_entries=256)
-def _point(scenario_json: str, index: int, out_root: str) -> dict:
-    return simulate_one(Scenario.model_validate_json(scenario_json), index, out_root)
+WORKERS = 2
+"""Processes a what-if simulation runs on (the strategies are independent points)."""
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def _tables(scenario_json: str, out_root: str) -> SimTables:
-    records = {}
-    for i in range(len(Scenario.model_validate_json(scenario_json).strategies)):
-        records.update(_point(scenario_json, i, out_root))
-    return sim_tables(records)
+    return simulate_scenario(Scenario.model_validate_json(scenario_json), out_root)
 
 
 def simulate(scenario: Scenario) -> SimTables:
-    """Every strategy of `scenario` simulated, with a progress bar while it runs."""
+    """Every strategy of `scenario` simulated, with a progress bar while it runs: a scenario
+    not in the store yet is simulated on WORKERS processes first, then read back (cached)."""
     text, out = scenario.model_dump_json(), state.out_root()
-    bar = st.empty()
-    total = len(scenario.strategies)
-    for i, strategy in enumerate(scenario.strategies):
-        bar.progress(i / total, text=f"simulating {strategy.label} ({i + 1} of {total}; "
-                     f"{scenario.workload.kind} workload, results are cached)")
-        _point(text, i, out)
-    bar.empty()
+    if not is_simulated(scenario, out):
+        bar = st.progress(0.0, text=f"simulating {len(scenario.strategies)} strategies "
+                          f"({scenario.workload.kind} workload; results are kept)...")
+
+        def on_progress(done: int, total: int) -> None:
+            bar.progress(done / total, text=f"simulating: {done} of {total} strategies done")
+
+        simulate_scenario(scenario, out, on_progress, num_workers=WORKERS)
+        bar.empty()
     return _tables(text, out)
 
 

@@ -6,8 +6,9 @@ Prints a table and writes out/bench/app.json.
 
 Each new arrival rate is a new scenario (a cache miss: every strategy re-simulated on the
 what-if cut); going back to a rate already seen is a cache hit. The same changes are also timed as
-the page's script run alone (AppTest, no browser) and as the what-if simulations alone, to split
-simulation, page work and browser rendering.
+the page's script run alone (AppTest, no browser) and as the what-if simulations alone (on one
+process and on the dashboard's WORKERS, interleaved), to split simulation, page work and browser
+rendering.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from app.compute import WORKERS
 from planner.dashboard import WHATIF_MAX_TURNS, simulate_scenario, whatif_cut
 from planner.editing import set_field
-from planner.loading import anchor_paths, scenario_from_text
+from planner.loading import scenario_from_file_text
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL_S = 5.0
@@ -65,14 +67,22 @@ def _browser():
     return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
 
 
+_STATE = """return [Array.from(document.querySelectorAll('[data-testid="stAlert"]'))
+                   .map(a => a.textContent).join(' | '),
+                 document.querySelectorAll('[data-testid="stProgress"]').length];"""
+"""The alerts' text (the headline) and whether a progress bar is up, read in one cheap call
+(reading the whole body's text each poll costs the page more than it measures)."""
+
+
 def _wait_for(driver, text: str, timeout_s: float = 300) -> float:
-    from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
+    def done(d) -> bool:
+        alerts, num_progress = d.execute_script(_STATE)
+        return text in alerts and num_progress == 0
+
     start = time.perf_counter()
-    WebDriverWait(driver, timeout_s, poll_frequency=0.05).until(
-        lambda d: text in d.find_element(By.TAG_NAME, "body").text
-        and not d.find_elements(By.CSS_SELECTOR, '[data-testid="stProgress"]'))
+    WebDriverWait(driver, timeout_s, poll_frequency=0.1).until(done)
     return time.perf_counter() - start
 
 
@@ -109,15 +119,16 @@ def _script_only(folder: Path, rates: list[float]) -> list[float]:
         os.chdir(cwd)
 
 
-def _simulation_only(rates: list[float]) -> list[float]:
+def _simulation_only(rates: list[float], num_workers: int) -> list[float]:
+    """Seconds of the what-if simulation of each rate on a fresh store, no UI."""
     text = (ROOT / "scenarios" / "default.yaml").read_text(encoding="utf-8")
     seconds = []
     with tempfile.TemporaryDirectory() as tmp:
         for rate in rates:
             edited = set_field(text, "workload.arrival_rate_per_s", rate)
-            scenario = anchor_paths(scenario_from_text(edited), ROOT / "scenarios")
+            scenario = scenario_from_file_text(edited, "default.yaml", ROOT / "scenarios")
             start = time.perf_counter()
-            simulate_scenario(whatif_cut(scenario), tmp)
+            simulate_scenario(whatif_cut(scenario), tmp, num_workers=num_workers)
             seconds.append(time.perf_counter() - start)
     return seconds
 
@@ -153,9 +164,10 @@ def main() -> None:
         scripted = _script_only(folder, args.rates)
     rows += [("page script only (AppTest), miss", rate, s)
              for rate, s in zip(args.rates, scripted, strict=True)]
-    simulated = _simulation_only(args.rates)
-    rows += [("simulation only, no UI", rate, s) for rate, s in zip(args.rates, simulated,
-                                                                   strict=True)]
+    for num_workers in (1, WORKERS, 1, WORKERS):  # interleaved: the machine's load drifts
+        rows += [(f"simulation only, no UI, {num_workers} process(es)", rate, s)
+                 for rate, s in zip(args.rates, _simulation_only(args.rates, num_workers),
+                                    strict=True)]
     print(f"| step | arrival rate (conv/s) | seconds | within {GOAL_S:g} s |")
     print("|---|---|---|---|")
     for step, rate, seconds in rows:

@@ -70,7 +70,7 @@ class SimTables:
 
 
 def sim_tables(records: dict[str, dict]) -> SimTables:
-    """Simulation point records (as `simulate_one` returns them) as tables."""
+    """Simulation point records (as `run_points` returns them) as tables."""
     summary, turns, series, kv, errors = [], [], [], [], {}
     for record in records.values():
         label = record["payload"]["scenario"]["strategies"][record["payload"]["index"]]
@@ -89,19 +89,22 @@ def sim_tables(records: dict[str, dict]) -> SimTables:
 
 
 def simulate_scenario(scenario: Scenario, out_root: str | Path,
-                      on_progress: Callable[[int, int], None] | None = None) -> SimTables:
-    """Simulate every strategy on the scenario's hardware (finished points are reused)."""
+                      on_progress: Callable[[int, int], None] | None = None,
+                      num_workers: int = 1) -> SimTables:
+    """Simulate every strategy on the scenario's hardware (finished points are reused), on
+    `num_workers` local processes (1: in this process)."""
     tasks = scenario_tasks(scenario, "sim")
+    backend = "local" if num_workers > 1 and len(tasks) > 1 else "inline"
     records = run_points(tasks, simulate_point, PointStore(points_dir(scenario, out_root)),
-                         backend="inline", on_done=progress_counter(len(tasks), on_progress))
+                         backend=backend, num_workers=num_workers,
+                         on_done=progress_counter(len(tasks), on_progress))
     return sim_tables(records)
 
 
-def simulate_one(scenario: Scenario, index: int, out_root: str | Path) -> dict[str, dict]:
-    """Simulate strategy `index` alone (or read its finished point): {point key: record}."""
-    task = scenario_tasks(scenario, "sim")[index]
-    return run_points([task], simulate_point, PointStore(points_dir(scenario, out_root)),
-                      backend="inline")
+def is_simulated(scenario: Scenario, out_root: str | Path) -> bool:
+    """Whether every strategy's simulation point is already in the store."""
+    store = PointStore(points_dir(scenario, out_root))
+    return all(store.path(t.key).exists() for t in scenario_tasks(scenario, "sim"))
 
 
 @dataclass(frozen=True)
