@@ -2,7 +2,7 @@
 
 A cache hit answers at once; a miss runs the planner (which also reuses the points `molcap run`
 or an earlier session finished under out/<name>/points). A new scenario's strategies are
-simulated in parallel processes outside any cached function (a cached function must not draw,
+simulated outside any cached function (a cached function must not draw,
 and the progress bar moves as each finishes), then read back from the store.
 """
 
@@ -15,8 +15,9 @@ from planner.analysis import run_comparisons
 from planner.dashboard import SimTables, is_simulated, simulate_scenario
 from planner.scenario import Scenario
 
-WORKERS = 2
-"""Processes a what-if simulation runs on (the strategies are independent points)."""
+WORKERS = 1
+"""Processes a what-if simulation runs on. The strategies are independent points, but on this
+shared 2-core machine two processes were slower than one (bench/bench_app.py, interleaved)."""
 
 
 @st.cache_data(show_spinner=False, max_entries=32)

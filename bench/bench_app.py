@@ -7,7 +7,7 @@ Prints a table and writes out/bench/app.json.
 Each new arrival rate is a new scenario (a cache miss: every strategy re-simulated on the
 what-if cut); going back to a rate already seen is a cache hit. The same changes are also timed as
 the page's script run alone (AppTest, no browser) and as the what-if simulations alone (on one
-process and on the dashboard's WORKERS, interleaved), to split simulation, page work and browser
+process and on two, interleaved), to split simulation, page work and browser
 rendering.
 """
 
@@ -26,7 +26,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-from app.compute import WORKERS
 from planner.dashboard import WHATIF_MAX_TURNS, simulate_scenario, whatif_cut
 from planner.editing import set_field
 from planner.loading import scenario_from_file_text
@@ -164,7 +163,7 @@ def main() -> None:
         scripted = _script_only(folder, args.rates)
     rows += [("page script only (AppTest), miss", rate, s)
              for rate, s in zip(args.rates, scripted, strict=True)]
-    for num_workers in (1, WORKERS, 1, WORKERS):  # interleaved: the machine's load drifts
+    for num_workers in (1, 2, 1, 2):  # interleaved: the machine's load drifts
         rows += [(f"simulation only, no UI, {num_workers} process(es)", rate, s)
                  for rate, s in zip(args.rates, _simulation_only(args.rates, num_workers),
                                     strict=True)]
