@@ -321,10 +321,10 @@ def scenario_from_file_text(text: str, source: str, folder: str | Path) -> Scena
         problems = trace_problems(scenario, source, index.line_of(("workload", "path")))
         if problems:
             raise ScenarioError(problems)
-    from planner.profiles import check_named_profile  # reads profile files through this module
+    from planner.profiles import anchor_profile, check_named_profile  # they read files via here
 
     check_named_profile(scenario, text, source, Path(folder))
-    return scenario
+    return anchor_profile(scenario, Path(folder))
 
 
 def _without_echoes(errors: list[dict]) -> list[dict]:

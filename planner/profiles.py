@@ -206,3 +206,17 @@ def check_named_profile(scenario: Scenario, text: str, source: str, base_dir: Pa
         raise ScenarioError([where + (m if m.startswith("hardware.profile:")
                                       else f"hardware.profile: {m}")
                              for m in err.messages]) from None
+
+
+def anchor_profile(scenario: Scenario, folder: Path) -> Scenario:
+    """The scenario with a relative `hardware.profile` path made absolute against its file's
+    folder, so worker processes read the same profile from any working directory (a profile
+    name stays a name)."""
+    ref = scenario.hardware.profile
+    if ref is None or Path(ref).is_absolute() or profile_path(ref).parent == PROFILES_DIR:
+        return scenario
+    near = Path(folder) / ref
+    if not near.exists():
+        return scenario
+    hardware = scenario.hardware.model_copy(update={"profile": str(near.resolve())})
+    return scenario.model_copy(update={"hardware": hardware})

@@ -134,3 +134,14 @@ def test_profile_paths_resolve_names_and_relative_files(tmp_path):
     assert profile_path("cpu-vllm-tiny-llama") == SHIPPED
     (tmp_path / "mine.yaml").write_text("x")
     assert profile_path("mine.yaml", tmp_path) == tmp_path / "mine.yaml"
+
+
+def test_a_profile_path_relative_to_the_scenario_is_anchored_to_its_folder(tmp_path, monkeypatch):
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "mine.yaml").write_text(SHIPPED.read_text())
+    scenario = load_scenario(scenario_file(tmp_path, profile="profiles/mine.yaml"))
+    assert scenario.hardware.profile == str((tmp_path / "profiles" / "mine.yaml").resolve())
+    monkeypatch.chdir("/")  # a worker process elsewhere still finds it
+    assert resolve_pricing(scenario).profile.name == SHIPPED.stem
+    named = load_scenario(scenario_file(tmp_path, profile=SHIPPED.stem))
+    assert named.hardware.profile == SHIPPED.stem  # names stay names
