@@ -15,6 +15,8 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from calibrate import validator as v
 from calibrate.recorder import load_average, machine_fingerprint
 from calibrate.runner import VllmEngineSpec, VllmSession, replay_open_loop
@@ -98,7 +100,7 @@ def run_validation(profile_, out: Path, *, num_repeats: int, num_requests: int, 
     """Measure, predict, compare; write OUT/validation.md and OUT/validation.json."""
     workloads = validation_workloads(num_requests, quick=quick)
     spec = _engine_spec(profile_)
-    rows, runs_by_workload = [], {}
+    rows, runs_by_workload, loads = [], {}, []
     for enable_lora in (False, True):
         mine = [w for w in workloads if (w.kind != "base") == enable_lora]
         if not mine:
@@ -107,8 +109,10 @@ def run_validation(profile_, out: Path, *, num_repeats: int, num_requests: int, 
         records, blocks = _measure(out, engine_spec, mine, num_repeats, clock,
                                    on_progress(f"engine {'LoRA' if enable_lora else 'base'}"))
         for i, w in enumerate(mine):
-            runs = [rec["result"]["summary"] for rec in records.values()
-                    if rec["payload"]["workload"] == i and rec.get("status") == "ok"]
+            mine_ok = [rec for rec in records.values()
+                       if rec["payload"]["workload"] == i and rec.get("status") == "ok"]
+            runs = [rec["result"]["summary"] for rec in mine_ok]
+            loads += [rec["result"]["load_average"][0] for rec in mine_ok]
             if not runs:
                 continue
             runs_by_workload[w.name] = runs
@@ -121,6 +125,7 @@ def run_validation(profile_, out: Path, *, num_repeats: int, num_requests: int, 
         timespec="seconds"), clock=clock, num_repeats=num_repeats, num_requests=num_requests,
         machine=machine_fingerprint(), load_average_start=list(load_at_start),
         load_average_end=list(load_average()), command=command,
+        load_average_1min_during_runs=[min(loads), float(np.median(loads)), max(loads)],
         goals=v.goal_summary(rows), rows=rows, runs=runs_by_workload, ced_switch=switch)
     out.mkdir(parents=True, exist_ok=True)
     (out / "validation.json").write_text(json.dumps(report, indent=2))

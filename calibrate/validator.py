@@ -223,8 +223,10 @@ def markdown_table(report: dict) -> str:
         f"({'engine thread CPU seconds, idle gaps skipped' if report['clock'] == 'cpu' else 'wall'}"
         f"), {report['num_repeats']} interleaved runs per workload, {report['num_requests']} "
         f"requests each.", "",
-        f"Machine: {m['cpu']}, {m['num_cpus']} CPUs; load average (1/5/15 min) at start "
-        f"{'/'.join(f'{x:.1f}' for x in report['load_average_start'])}, at end "
+        f"Machine: {m['cpu']}, {m['num_cpus']} CPUs, shared with other jobs; 1-minute load "
+        f"average when each engine run finished: min/median/max "
+        f"{'/'.join(f'{x:.1f}' for x in report['load_average_1min_during_runs'])}; "
+        f"(1/5/15 min) when this table was written "
         f"{'/'.join(f'{x:.1f}' for x in report['load_average_end'])}.", "",
         f"Command: `{report['command']}`", "",
         "## Median absolute error per metric family", "",
