@@ -142,3 +142,11 @@ def test_invalid_card_file_names_the_file_and_field(tmp_path):
 def test_missing_card_file(tmp_path):
     path = write_case(tmp_path, card(), MOL.replace("cards/router.json", "cards/none.json"))
     assert "none.json: cannot read router card" in error_of(path)
+
+
+def test_shipped_cards_validate_and_cover_the_three_routers():
+    cards = [load_router_card(p) for p in sorted((REPO / "scenarios" / "router_cards")
+                                                  .glob("*.json"))]
+    assert {c.router for c in cards} == {"mol_l0", "contextual_mol", "mol2"}
+    for c in cards:
+        assert len(c.seeds) == 5 and all(s.num_test >= 50 for s in c.settings), c.name
