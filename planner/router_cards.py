@@ -1,11 +1,12 @@
 """Scenario strategies that name a router card take its measured accuracy and decision work.
 
-`apply_router_cards` runs after a scenario validates (planner.loading calls it): for every
-routed strategy with `router_card`, the card is read and checked against the strategy (router
-kind, model, routing layer, options among the strategy's adapters), then the strategy is
-rebuilt with `router_accuracy_curve` from the card's settings and the decision-work fields the
-scenario left unset, and without the path (the loaded scenario is self-contained). The card's decision *times* were measured on its own hardware and model
-and are not copied: the simulator prices the decision work on the scenario's hardware.
+`apply_router_cards` runs after a scenario validates (planner.loading calls it): for every routed
+strategy with `router_card`, the card is read and checked against the strategy (router kind, model,
+routing layer, options among the strategy's adapters), then the strategy is rebuilt with
+`router_accuracy_curve` from the card's settings and the decision-work fields the scenario left
+unset, and without the path (the loaded scenario is self-contained). The card's decision *times*
+were measured on its own hardware and model and are not copied: the simulator prices the decision
+work on the scenario's hardware.
 """
 
 from __future__ import annotations
