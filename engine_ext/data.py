@@ -4,14 +4,16 @@ Domains and where their text comes from (all on this machine or in the repositor
 * code: the Python standard library source;
 * legal: license texts under /usr/share/common-licenses;
 * prose: the Python documentation shipped with the interpreter (`pydoc_data.topics`);
-* chat: user utterances of CLINC150 and BANKING77, one per line: the full copies in
-  ../shared/data/text when present, else the repository's slices in data/text.
+* chat: user utterances of CLINC150 and BANKING77, one per line: the full copies under
+  $MOLCAP_DATA_DIR/text when that is set (as for the traces), else the repository's slices in
+  data/text.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import sysconfig
 from pathlib import Path
 
@@ -26,15 +28,21 @@ REPO_TEXT_DIR = Path(__file__).resolve().parents[1] / "data" / "text"
 """Small slices of the labelled text with their licences (enough for the tests)."""
 
 
-def full_text_dir() -> Path:
-    """The team's full copies of the labelled text (../shared/data/text beside the repository)."""
-    return REPO_TEXT_DIR.parents[2] / "shared" / "data" / "text"
+DATA_DIR_ENV = "MOLCAP_DATA_DIR"
+"""The same setting that points the traces at their full copies (data/README.md)."""
+
+
+def full_text_dir() -> Path | None:
+    """The full copies of the labelled text ($MOLCAP_DATA_DIR/text), or None when not set."""
+    root = os.environ.get(DATA_DIR_ENV)
+    return Path(root) / "text" if root else None
 
 
 def default_text_dir() -> Path:
-    """The full text when it is on this machine, else the repository's slices."""
+    """The full text when $MOLCAP_DATA_DIR points at it, else the repository's slices."""
     full = full_text_dir()
-    return full if (full / "clinc150" / "data_full.json").exists() else REPO_TEXT_DIR
+    has_full = full is not None and (full / "clinc150" / "data_full.json").exists()
+    return full if has_full else REPO_TEXT_DIR
 
 
 def encode(text: str) -> list[int]:

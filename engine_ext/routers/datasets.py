@@ -11,7 +11,7 @@ Settings (each a `RoutingSet`: options with descriptions, and three splits of (t
 
 CLINC150 keeps its own train/val/test; every split is subsampled per class with a fixed seed
 (the data seed, independent of the training seeds). Text lives in `data/text/` of the repository
-(small slices, enough for tests) or, for training, in the full copies under ../shared/data/text
+(small slices, enough for tests) or, for training, in the full copies under $MOLCAP_DATA_DIR/text
 (`full_text_dir`); the file layout is the same.
 """
 

@@ -1,6 +1,6 @@
 """Write the repository's small slices of CLINC150 and BANKING77 (data/text) from the full copies.
 
-    python -m engine_ext.routers.slices [--src ../shared/data/text] [--dst data/text]
+    python -m engine_ext.routers.slices [--src FULL_DATA/text] [--dst data/text]
 
 A seeded, fixed number of rows per intent from each official split, in the original file formats
 (`clinc150/data_slice.json` has the layout of `data_full.json`), plus the licences.
@@ -55,7 +55,8 @@ def write_slices(src: Path, dst: Path, seed: int = 0) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--src", type=Path, default=full_text_dir())
+    parser.add_argument("--src", type=Path, default=full_text_dir(),
+                        required=full_text_dir() is None)
     parser.add_argument("--dst", type=Path, default=REPO_TEXT_DIR)
     args = parser.parse_args(argv)
     write_slices(args.src, args.dst)

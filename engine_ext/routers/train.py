@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cards", type=Path, default=CARDS_DIR)
     parser.add_argument("--heads", type=Path, default=HEADS_DIR)
     parser.add_argument("--text-dir", type=Path, default=None,
-                        help="labelled text (default: ../shared/data/text if present, else "
+                        help="labelled text (default: $MOLCAP_DATA_DIR/text if set, else "
                              "the repository's data/text slices)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
