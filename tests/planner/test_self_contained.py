@@ -31,7 +31,7 @@ def full_trace(relative: str) -> Path:
 
 
 def test_nothing_outside_the_repository_is_read_at_run_time():
-    """No module, shipped scenario or test points into the team data folder beside the clone (users do not have it)."""
+    """No module, shipped scenario or test points into the team data beside the clone."""
     offenders = []
     for folder in ("planner", "sim", "scenarios", "tests", "app", "calibrate", "bench"):
         for path in (REPO / folder).rglob("*"):
