@@ -199,9 +199,10 @@ class Mol2Strategy(_RoutedStrategy, _SharedKvStrategy):
     num_head_params: int = Field(default=15_250_000, ge=1, le=10**11)
     """Pointer-head parameters (15.25M in the reference implementation)."""
     measured_decision_time_s: float | None = Field(default=None, gt=0, le=3600)
-    """Measured decision time. The routing pass still runs on the serving GPUs as the mechanism
-    implies (it is never free); the decision takes at least this long. In the analytical
-    comparisons it replaces the derived time."""
+    """Measured decision time. Outside the engine the routing prefill still runs on the serving
+    GPUs (it is never free) and the decision takes at least this long; in the engine the head's
+    GPU time inside the answer's prefill step is at least this. In the analytical comparisons
+    it replaces the derived time."""
 
 
 class MultiAgentStrategy(_AdapterStrategy):

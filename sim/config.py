@@ -122,7 +122,8 @@ class StrategySpec(_Frozen):
     """Multiplier on the workload's reply lengths under this strategy."""
     measured_decision_time_s: float | None = Field(default=None, gt=0)
     """A measured decision time: the least time a routing pass before the answer takes (the
-    pass itself still runs on the GPUs); in-engine MoL2 prices its head inside the prefill."""
+    pass itself still runs on the GPUs); in-engine MoL2's head takes at least this much GPU
+    time inside the answer's prefill step."""
     replay_window_tokens: int = Field(default=0, ge=0)
     """CED strategies: bounded replay length on a switch."""
     num_handover_tokens: int | None = Field(default=None, ge=1)

@@ -343,7 +343,8 @@ def _model_terms(c: CostCoeffs, p: CostProfile, batch: StepBatch, mask: np.ndarr
 
 
 def routing_decision_s(c: CostCoeffs, p: CostProfile, num_decisions: int) -> float:
-    """Seconds of `num_decisions` routing-head decisions (pointer head over cached options)."""
+    """Seconds of `num_decisions` routing-head decisions (pointer head over cached options), at
+    least `p.min_decision_s` each (a measured time of a head that runs inside the step)."""
     if num_decisions == 0:
         return 0.0
     g = p.gpu
@@ -351,7 +352,7 @@ def routing_decision_s(c: CostCoeffs, p: CostProfile, num_decisions: int) -> flo
     t = _roofline(2.0 * p.num_head_params * num_decisions, p.num_head_params * 2.0,
                   g.bf16_dense_flops, c.gemm_flops_efficiency, g.hbm_bandwidth_bytes_per_s,
                   c.memory_bandwidth_efficiency)
-    return float(t) + num_decisions * c.routing_overhead_s
+    return max(float(t) + num_decisions * c.routing_overhead_s, num_decisions * p.min_decision_s)
 
 
 def predict_step(coeffs: CostCoeffs, profile: CostProfile, batch: StepBatch) -> StepCost:

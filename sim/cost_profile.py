@@ -52,6 +52,9 @@ class CostProfile:
     lora_wrapped_out_prefix: np.ndarray  # float [L+1]: prefix sum of their out-features
     direft_layers_prefix: np.ndarray  # int [L+1]: prefix count of layers a DiReFT adapter edits
     num_head_params: int
+    min_decision_s: float = 0.0
+    """Least seconds one routing-head decision takes on the GPU (a measured decision time of a
+    head that runs inside the engine's step); 0: the head's own roofline time."""
 
 
 def _prefix(mask: np.ndarray) -> np.ndarray:
@@ -99,7 +102,7 @@ def create_cost_profile(
     arch: ModelArch, gpu: GpuSpec, tensor_parallel_size: int = 1, *,
     adapter_kind: Literal["lora", "direft", "none"] = "none", adapter_rank: int = 0,
     adapter_placements: list[tuple[int, str]] = (), num_head_params: int = 0,
-    lora_wrapped_placements: list[tuple[int, str]] | None = None,
+    lora_wrapped_placements: list[tuple[int, str]] | None = None, min_decision_s: float = 0.0,
 ) -> CostProfile:
     """Precompute the per-layer arrays for `predict_step`. `lora_wrapped_placements` are the
     (layer, module) slices the engine's LoRA path runs for every token (None: every module of
@@ -147,5 +150,5 @@ def create_cost_profile(
         lora_wrapped_in_prefix=np.concatenate([[0.0], np.cumsum(width_in)]),
         lora_wrapped_out_prefix=np.concatenate([[0.0], np.cumsum(width_out)]),
         direft_layers_prefix=_prefix(edited),
-        num_head_params=num_head_params,
+        num_head_params=num_head_params, min_decision_s=min_decision_s,
     )

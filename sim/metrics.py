@@ -130,7 +130,9 @@ class MetricsRecorder:
 
     def on_turn(self, t: TurnRecord, now: float) -> None:
         """A turn finished (every hop done)."""
-        recomputed = max(0, t.num_prefill_tokens_computed - t.num_user_tokens)
+        # Tokens computed a second time: the first turn's context is new, never a recompute.
+        new = t.num_user_tokens + (t.num_context_tokens if t.turn_index == 0 else 0)
+        recomputed = max(0, t.num_prefill_tokens_computed - new)
         self.turns.append(
             t.conv_id, t.turn_index, t.domain, int(t.is_switch), t.replica, t.arrival_s,
             t.route_s, t.first_token_s, t.finish_s, now, t.num_context_tokens,

@@ -14,7 +14,7 @@ import pandas as pd
 import simpy
 
 from sim.cluster import Router, replica_groups
-from sim.config import SimConfig
+from sim.config import SimConfig, StrategySpec
 from sim.cost_model import routing_decision_s
 from sim.cost_profile import CostProfile, create_cost_profile
 from sim.disaggregation import Disaggregation
@@ -68,13 +68,21 @@ def resolve_num_kv_blocks(config: SimConfig) -> int:
     return mem.num_kv_blocks
 
 
+def in_engine_decision_floor_s(s: StrategySpec) -> float:
+    """A measured decision time of a head that runs inside the answer's prefill step (MoL2 in
+    the engine): the head's GPU time in that step is at least this. Routers with a pass of their
+    own wait it out instead (`sim.turns`)."""
+    in_engine = s.kind == "mol2" and s.routing == "in_engine"
+    return (s.measured_decision_time_s or 0.0) if in_engine else 0.0
+
+
 def create_profile(config: SimConfig) -> CostProfile:
     """The cost profile of the strategy's model and adapter shape."""
     s = config.strategy
     return create_cost_profile(
         config.arch, config.gpu, config.tensor_parallel_size, adapter_kind=s.adapter_kind,
         adapter_rank=s.adapter_rank, adapter_placements=list(s.adapter_placements),
-        num_head_params=s.num_head_params)
+        num_head_params=s.num_head_params, min_decision_s=in_engine_decision_floor_s(s))
 
 
 def pricing_identity(config: SimConfig) -> str:
@@ -84,7 +92,7 @@ def pricing_identity(config: SimConfig) -> str:
     return "|".join((config.coeffs.model_dump_json(), config.arch.model_dump_json(),
                      config.gpu.model_dump_json(), str(config.tensor_parallel_size),
                      s.adapter_kind, str(s.adapter_rank), repr(s.adapter_placements),
-                     str(s.num_head_params)))
+                     str(s.num_head_params), str(in_engine_decision_floor_s(s))))
 
 
 def _agent_loads(workload: Workload, num_agents: int) -> list[float]:

@@ -195,6 +195,8 @@ class TurnDriver:
                 t.is_decided = True
                 measured = s.measured_decision_time_s
                 elapsed = self.env.now - t.rec.arrival_s
+                # In the engine the head rides the answer's prefill, where its measured time
+                # is priced as GPU work (`sim.simulate.in_engine_decision_floor_s`).
                 in_engine = s.kind == "mol2" and s.routing == "in_engine"
                 if measured is not None and measured > elapsed and not in_engine:
                     self._after(measured - elapsed, self._advance, t)
