@@ -20,6 +20,7 @@ from planner.simulation import create_workload, num_router_replicas, simulate_st
 from planner.workloads import ConversationWorkload, PunicaWorkload
 from sim.catalogue import GPUS
 from sim.phase_costs import decode_step, prefill_s
+from sim.simulate import agent_loads
 from sim.specs import GpuSpec
 
 BOUND_SLACK = 1.25
@@ -59,6 +60,14 @@ def workload_shape(scenario: Scenario) -> WorkloadShape:
         max_context_tokens=w.max_context_tokens())
 
 
+def agent_shares(scenario: Scenario, num_agents: int) -> tuple[float, ...]:
+    """Each agent's share of the work in the scenario's workload (seeded, as the simulator
+    measures it to deal the replicas)."""
+    w = create_workload(scenario, num_agents, np.random.default_rng(scenario.seed))
+    loads = agent_loads(w, num_agents)
+    return tuple(x / sum(loads) for x in loads) if sum(loads) else ()
+
+
 def with_rate(scenario: Scenario, rate_per_s: float, shape: WorkloadShape) -> Scenario:
     """The scenario at another arrival rate, with its workload cut for a search point."""
     w = scenario.workload
@@ -92,6 +101,7 @@ def fitting_candidates(scenario: Scenario, index: int,
     s, e, arch = scenario.search, scenario.engine, scenario.strategy_arch(index)
     strategy = scenario.strategies[index]
     copies = len(strategy.adapters) if strategy.kind == "multi_agent" else 1
+    shares = agent_shares(scenario, copies) if copies > 1 else ()
     specs = gpu_specs(scenario)
     kept, dropped = [], []
     for gpu, tp, seqs, loras in itertools.product(
@@ -105,7 +115,8 @@ def fitting_candidates(scenario: Scenario, index: int,
             dropped.append(f"{gpu} TP={tp}: {arch.name} leaves KV for {mem.num_kv_tokens} "
                            f"tokens, the workload needs {shape.max_context_tokens}")
         else:
-            kept.append(Deployment(gpu, tp, 1, seqs, loras, num_model_copies=copies,
+            kept.append(Deployment(gpu, tp, copies, seqs, loras, num_model_copies=copies,
+                                   traffic_shares=shares,
                                    num_router_replicas=num_router_replicas(scenario, index)))
     return kept, dropped
 
@@ -156,7 +167,7 @@ def plan_strategy(scenario: Scenario, index: int) -> tuple[Plan, list[str]]:
     def evaluate(d: Deployment, rate: float, seed: int) -> dict:
         point = with_rate(with_deployment(scenario, d), rate, shape)
         result = simulate_strategy(point, index, seed=scenario.seed + seed,
-                                   num_replicas=d.num_replicas * d.num_model_copies)
+                                   num_replicas=d.num_replicas)
         return result.summary
 
     return search(space, evaluate, scenario.slo), dropped

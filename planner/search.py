@@ -25,18 +25,41 @@ class Deployment:
     gpu: str
     tensor_parallel_size: int
     num_replicas: int = 1
+    """Serving replicas in all (at least `num_model_copies`)."""
     max_num_seqs: int = 256
     max_loras: int = 4
     num_model_copies: int = 1
-    """Full model copies per replica group (one per agent under multi-agent)."""
+    """Distinct models served, one replica each at least (one per agent under multi-agent)."""
+    traffic_shares: tuple[float, ...] = ()
+    """Each model's share of the traffic (empty: equal shares): replicas beyond one per model
+    are dealt in proportion to it, as the simulator deals them."""
     num_router_replicas: int = 0
     """Replicas of a dedicated router pool, fixed while the serving replicas scale out."""
 
     @property
     def num_gpus(self) -> int:
         """GPUs of the whole deployment."""
-        return self.tensor_parallel_size * (self.num_replicas * self.num_model_copies
-                                            + self.num_router_replicas)
+        return self.tensor_parallel_size * (self.num_replicas + self.num_router_replicas)
+
+    @property
+    def smallest(self) -> Deployment:
+        """This shape with the fewest replicas it can have: one per model."""
+        return replace(self, num_replicas=self.num_model_copies)
+
+
+def replicas_for_rate(d: Deployment, rate_per_s: float, capacity_per_s: float) -> int:
+    """Replicas the rate needs when the smallest deployment of `d` serves `capacity_per_s`.
+
+    With one model that is ceil(rate / capacity) replicas. With several (multi-agent), the
+    smallest deployment saturates at its busiest model's single replica, so one replica serves
+    capacity x the largest share of the traffic; each model then needs its own share of the
+    rate over that, at least one replica."""
+    n = d.num_model_copies
+    shares = np.asarray(d.traffic_shares or (1.0,) * n, dtype=float)
+    shares = shares / shares.sum() if shares.sum() > 0 else np.full(n, 1.0 / n)
+    per_replica = capacity_per_s * shares.max()
+    needed = np.ceil(rate_per_s * shares / per_replica)
+    return int(np.maximum(needed, 1).sum())
 
 
 _DESCENT_FACTOR = 16.0
@@ -161,7 +184,7 @@ def replica_capacity(runner: _Runner, candidate: Deployment) -> float:
     The fast search bisects exactly as the exhaustive one does: the plan's replica count is
     ceil(target / capacity), so another capacity within the tolerance could change the plan."""
     space = runner.space
-    one = replace(candidate, num_replicas=1)
+    one = candidate.smallest
     high = space.rate_upper_bounds.get(candidate, space.target_rate_per_s)
     if runner.trial(one, high).meets_slo:
         return high  # the bound (or the whole target) fits: no need to look higher
@@ -184,9 +207,10 @@ def replica_capacity(runner: _Runner, candidate: Deployment) -> float:
 
 
 def _scale_out(runner: _Runner, candidate: Deployment, capacity: float) -> Trial | None:
-    """Smallest replica count (from the capacity estimate up) verified at the target rate."""
+    """Smallest replica count (from the capacity estimate up, one replica at a time) verified at
+    the target rate."""
     space = runner.space
-    estimate = max(1, math.ceil(space.target_rate_per_s / capacity))
+    estimate = replicas_for_rate(candidate, space.target_rate_per_s, capacity)
     last = min(space.max_num_replicas, estimate + space.max_extra_replicas)
     for num_replicas in range(estimate, last + 1):
         trial = runner.trial(replace(candidate, num_replicas=num_replicas),
@@ -214,7 +238,7 @@ def min_cost_per_hour(space: SearchSpace, candidate: Deployment) -> float:
     """The least a candidate can cost: the replicas its rate bound forces, at its GPU price
     (the capacity never exceeds the bound, and scale-out never goes below the estimate)."""
     bound = space.rate_upper_bounds.get(candidate, space.target_rate_per_s)
-    replicas = max(1, math.ceil(space.target_rate_per_s / bound))
+    replicas = replicas_for_rate(candidate, space.target_rate_per_s, bound)
     one = replace(candidate, num_replicas=min(replicas, space.max_num_replicas))
     return space.price_per_gpu_hour[candidate.gpu] * one.num_gpus
 
@@ -237,7 +261,7 @@ def search(space: SearchSpace, evaluate: Evaluate, slo: Slo) -> Plan:
                           f"verified {best:.4g} $/h")
             continue
         capacity = replica_capacity(runner, candidate)
-        capacities[candidate] = capacity
+        capacities[candidate.smallest] = capacity
         if capacity == 0.0:
             reasons.append(f"{_describe(candidate)}: misses the SLOs even at a trickle of load")
             continue
@@ -248,16 +272,16 @@ def search(space: SearchSpace, evaluate: Evaluate, slo: Slo) -> Plan:
         else:
             verified.append(trial)
     # The last tie-break: the order the candidates were given in.
-    order = {replace(c, num_replicas=1): i for i, c in enumerate(space.candidates)}
+    order = {c.smallest: i for i, c in enumerate(space.candidates)}
     ranked = sorted(verified, key=lambda t: (t.cost_per_hour_usd, t.mean.get("e2e_p99_s", 0.0),
-                                             order[replace(t.deployment, num_replicas=1)]))
+                                             order[t.deployment.smallest]))
     at_target = [t for t in runner.trials if t.rate_per_s == space.target_rate_per_s]
     front = pareto_front(at_target)
     if not ranked:
         return Plan(False, "no deployment meets the SLOs: " + "; ".join(reasons), None, 0.0,
                     (), front, tuple(runner.trials), capacities, tuple(pruned))
     best = ranked[0]
-    base = replace(best.deployment, num_replicas=1)
+    base = best.deployment.smallest
     return Plan(True, "cheapest verified deployment", best, capacities[base],
                 tuple(ranked[1:]), front, tuple(runner.trials), capacities, tuple(pruned))
 

@@ -47,15 +47,14 @@ class Router:
 def replica_groups(num_replicas: int, num_groups: int,
                    weights: list[float] | None = None) -> list[list[int]]:
     """Replica indices per group: dealt round robin (group g gets g, g + n, ...), or, given
-    each group's share of the traffic, in proportion to it (at least one each, the rest by
-    largest remainder)."""
+    each group's share of the traffic, in proportion to it: one each, then every further
+    replica to the group with the most traffic per replica (ties to the lower index), which
+    makes the busiest replica's share the least any dealing can."""
     if weights is None or num_replicas <= num_groups or not sum(weights):
         return [list(range(g, num_replicas, num_groups)) for g in range(num_groups)]
-    spare = num_replicas - num_groups
-    quotas = [spare * w / sum(weights) for w in weights]
-    counts = [1 + int(q) for q in quotas]
-    by_remainder = sorted(range(num_groups), key=lambda g: (int(quotas[g]) - quotas[g], g))
-    for g in by_remainder[:num_replicas - sum(counts)]:
+    counts = [1] * num_groups
+    for _ in range(num_replicas - num_groups):
+        g = max(range(num_groups), key=lambda i: (weights[i] / counts[i], -i))
         counts[g] += 1
     starts = [sum(counts[:g]) for g in range(num_groups)]
     return [list(range(starts[g], starts[g] + counts[g])) for g in range(num_groups)]

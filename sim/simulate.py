@@ -95,7 +95,7 @@ def pricing_identity(config: SimConfig) -> str:
                      str(s.num_head_params), str(in_engine_decision_floor_s(s))))
 
 
-def _agent_loads(workload: Workload, num_agents: int) -> list[float]:
+def agent_loads(workload: Workload, num_agents: int) -> list[float]:
     """Each agent's share of the work: the tokens of the turns of its domain."""
     tokens = workload.turn_user_tokens + workload.turn_reply_tokens
     return np.bincount(workload.turn_domain % num_agents, weights=tokens,
@@ -203,7 +203,7 @@ def simulate(config: SimConfig, workload: Workload, *, timeseries_interval_s: fl
         if len(replicas) < num_groups:
             raise SimInputError(f"cluster.num_replicas: multi_agent needs one replica per agent "
                                 f"({num_groups}), got {len(replicas)}")
-        weights = _agent_loads(workload, num_groups) if num_groups > 1 else None
+        weights = agent_loads(workload, num_groups) if num_groups > 1 else None
         router = Router(cluster.router, replicas,
                         replica_groups(len(replicas), num_groups, weights))
     else:

@@ -9,7 +9,9 @@ from sim.workloads import single_turn_workload
 
 
 def test_replicas_are_dealt_by_traffic_share_at_least_one_each():
-    assert replica_groups(8, 4, [70, 10, 10, 10]) == [[0, 1, 2, 3], [4, 5], [6], [7]]
+    # One each, then each replica to the most loaded per replica: 70/5 = 14 beats 10.
+    assert replica_groups(8, 4, [70, 10, 10, 10]) == [[0, 1, 2, 3, 4], [5], [6], [7]]
+    assert replica_groups(8, 4, [4, 2, 1, 1]) == [[0, 1, 2, 3], [4, 5], [6], [7]]
     assert replica_groups(4, 4, [97, 1, 1, 1]) == [[0], [1], [2], [3]]
     assert replica_groups(6, 4) == [[0, 4], [1, 5], [2], [3]]  # no shares: round robin
 

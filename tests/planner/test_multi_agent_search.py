@@ -1,0 +1,43 @@
+"""Multi-agent capacity search: the replica count follows each agent's share of the traffic
+(one replica at a time, dealt as the simulator deals them), not one more replica per agent per
+step. The fake evaluate deals replicas with the simulator's own rule and says an agent meets
+the SLO while its replicas each carry at most 1 request/s."""
+
+import math
+
+from planner.scenario import SloConfig
+from planner.search import Deployment, SearchSpace, replicas_for_rate, search
+from sim.cluster import replica_groups
+
+SHARES = (0.5, 0.25, 0.125, 0.125)
+AGENTS = Deployment("H100-SXM", 1, num_replicas=4, num_model_copies=4, traffic_shares=SHARES)
+SLO = SloConfig(e2e_p99_s=1.0)
+
+
+def by_share(d: Deployment, rate: float, seed: int) -> dict:
+    groups = replica_groups(d.num_replicas, d.num_model_copies, list(SHARES))
+    load = max(rate * s / len(g) for s, g in zip(SHARES, groups, strict=True))
+    latency = math.inf if load >= 1.0 else 0.5 / (1 - load)  # 1.0 s at half the service rate
+    return {"e2e_p99_s": latency, "output_tokens_per_s": rate}
+
+
+def test_replicas_follow_each_agents_share_of_the_traffic():
+    # At 16/s the agents carry 8, 4, 2 and 2/s; at 0.5/s per replica (the SLO) they need 16, 8,
+    # 4 and 4 replicas: 32. The smallest deployment (one each) saturates at 1/s, where the
+    # busiest agent's replica carries 0.5/s. Adding one replica per agent per step would land on
+    # 4 x ceil(16 / 1) = 64 replicas.
+    space = SearchSpace((AGENTS,), 16.0, {"H100-SXM": 1.0}, seeds=(0,), max_num_replicas=128,
+                        rate_upper_bounds={AGENTS: 1.0}, rate_tolerance=0.01)
+    plan = search(space, by_share, SLO)
+    assert plan.chosen.deployment.num_replicas == 32
+    assert plan.chosen.deployment.num_gpus == 32
+    assert plan.per_replica_rate_per_s == 1.0  # the smallest deployment's capacity
+
+
+def test_equal_shares_scale_like_whole_groups_and_one_model_like_one_replica():
+    equal = Deployment("H100-SXM", 1, num_replicas=3, num_model_copies=3)
+    assert replicas_for_rate(equal, 10.0, 2.0) == 3 * math.ceil(10.0 / 2.0)
+    assert replicas_for_rate(Deployment("H100-SXM", 1), 10.0, 3.0) == 4
+    # Skewed: 0.5 x 2 = 1 request/s per replica; 8, 4, 2, 2 replicas for 16/s.
+    assert replicas_for_rate(AGENTS, 16.0, 2.0) == 16
+    assert replicas_for_rate(AGENTS, 0.1, 2.0) == 4  # never fewer than one per agent
