@@ -93,6 +93,9 @@ class Engine:
     def _schedule_running(self, plan: StepPlan, budget: int, now: float) -> int:
         bs, kv, running = self.block_size, self.kv, self.running
         decode_cost, adv = self.num_decode_compute_tokens, self.num_tokens_per_decode_step
+        # Blocks are taken in one allocation per stretch without preemption: allocations in a
+        # row evict the same LRU blocks as one, but a preemption in between releases blocks.
+        unallocated = 0
         i = 0
         while i < len(running):
             seq = running[i]
@@ -110,12 +113,15 @@ class Engine:
                 continue
             need = -(-(seq.num_computed_tokens + num_new) // bs) - len(seq.block_keys)
             if need > 0:
-                while need > kv.num_free and running[-1] is not seq:
-                    self._preempt(running[-1], plan)
-                if need > kv.num_free:
-                    self._preempt(seq, plan)
-                    continue
-                kv.allocate(need)
+                if need > kv.num_free - unallocated:
+                    kv.allocate(unallocated)
+                    unallocated = 0
+                    while need > kv.num_free and running[-1] is not seq:
+                        self._preempt(running[-1], plan)
+                    if need > kv.num_free:
+                        self._preempt(seq, plan)
+                        continue
+                unallocated += need
                 seq.block_keys.extend([None] * need)
             if is_prefilling:
                 plan.prefills.append((seq, num_new))
@@ -124,6 +130,7 @@ class Engine:
                 plan.decodes.append(seq)
             budget -= cost
             i += 1
+        kv.allocate(unallocated)
         return budget
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
@@ -147,9 +154,8 @@ class Engine:
     def _cached_prefix(self, seq: Sequence) -> list:
         if seq.num_computed_tokens or not self.kv.enable_prefix_caching or not seq.is_cacheable:
             return []
-        keys = seq.block_keys_between(0, (seq.num_tokens - 1) // self.block_size,
-                                      self.block_size)
-        return keys[: self.kv.count_cached_prefix(keys)]
+        return self.kv.cached_prefix(seq.block_key_runs(
+            0, (seq.num_tokens - 1) // self.block_size, self.block_size, self.kv.key_base))
 
     def _admit(self, plan: StepPlan, budget: int, now: float) -> None:
         skipped: list[Sequence] = []
@@ -241,20 +247,22 @@ class Engine:
                         seq.first_token_s = now
             if seq.is_finished:
                 finished.append(seq)
-        bs, kv = self.block_size, self.kv
+        bs = self.block_size
         step = self.num_tokens_per_decode_step * num_steps
+        unallocated = 0  # one allocation for the run's new blocks (nothing frees any meanwhile)
         for seq in plan.decodes:
             emitted = min(step, seq.num_output_tokens - seq.num_generated_tokens)
             computed = seq.num_computed_tokens = seq.num_computed_tokens + emitted
             generated = seq.num_generated_tokens = seq.num_generated_tokens + emitted
             need = -(-computed // bs) - len(seq.block_keys)
             if need > 0:
-                kv.allocate(need)
+                unallocated += need
                 seq.block_keys.extend([None] * need)
             if seq.first_token_s < 0:
                 seq.first_token_s = now
             if generated >= seq.num_output_tokens:  # Sequence.is_finished for a decoding one
                 finished.append(seq)
+        self.kv.allocate(unallocated)
         for seq in finished:
             self._finish(seq, now)
         if self.check_invariants:
@@ -271,11 +279,18 @@ class Engine:
             return  # a pass over some layers only leaves no reusable whole-model KV
         num_full = seq.num_computed_tokens // self.block_size
         start = seq.num_registered_blocks
-        held, register = seq.block_keys, self.kv.register
-        for index, key in enumerate(seq.block_keys_between(start, num_full, self.block_size),
-                                    start):
-            if held[index] is None and register(key):
-                held[index] = key
+        held, kv = seq.block_keys, self.kv
+        if not kv.enable_prefix_caching:  # nothing would register
+            seq.num_registered_blocks = num_full
+            return
+        keys = seq.block_keys_between(start, num_full, self.block_size, kv.key_base)
+        stop = start + len(keys)
+        if held[start:stop].count(None) == len(keys) and kv.register_new(keys):
+            held[start:stop] = keys
+        else:
+            for index, key in enumerate(keys, start):
+                if held[index] is None and kv.register(key):
+                    held[index] = key
         seq.num_registered_blocks = num_full
 
     def _finish(self, seq: Sequence, now: float) -> None:

@@ -4,12 +4,27 @@ Blocks are counted, not named: a block is free, cached and unreferenced (evictab
 order), or held by sequences. A cached block carries a key; a sequence that finds a leading run
 of its keys cached takes those blocks instead of computing them. Allocation takes uncached free
 blocks first, then evicts the least recently released cached block.
+
+A sequence's keys come in runs (a conversation's context is hundreds of blocks), so every
+operation takes a whole list of keys and, in the usual case (all blocks new, all unshared),
+updates the tables with C-level bulk calls; the per-key loop remains only for the mixed case and
+does the same updates in the same order.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable
+from itertools import islice, takewhile
+
+
+def _drain(iterator) -> None:
+    """Run an iterator of side effects to its end at C speed."""
+    deque(iterator, maxlen=0)
+
+
+RUN_KEY_BITS = 32
+"""Bits of a block key that hold the block index within its run."""
 
 
 class KvCapacityError(RuntimeError):
@@ -26,7 +41,17 @@ class KvBlockManager:
         self.num_free_uncached = num_blocks
         self._refs: dict[Hashable, int] = {}
         self._evictable: OrderedDict[Hashable, None] = OrderedDict()
+        self._run_ids: dict[tuple[int, int], int] = {}
         self.num_evictions = 0
+
+    def key_base(self, namespace: int, name: int) -> int:
+        """Key of block 0 of the run named (namespace, name), a text stream or a trace hash id:
+        block j of it is `key_base + j`. Plain ints hash and compare faster than tuples."""
+        run_ids = self._run_ids
+        run_id = run_ids.get((namespace, name))
+        if run_id is None:
+            run_id = run_ids[namespace, name] = len(run_ids)
+        return run_id << RUN_KEY_BITS
 
     @property
     def num_free(self) -> int:
@@ -43,12 +68,21 @@ class KvBlockManager:
         """Blocks carrying a cache key (held or evictable)."""
         return len(self._refs)
 
-    def count_cached_prefix(self, keys: list[Hashable | None]) -> int:
+    def count_cached_prefix(self, keys) -> int:
         """Leading keys found in the cache (stops at the first miss or uncacheable block)."""
         if not self.enable_prefix_caching:
             return 0
-        found = list(map(self._refs.__contains__, keys))
-        return found.index(False) if False in found else len(found)
+        return len(list(takewhile(self._refs.__contains__, keys)))
+
+    def cached_prefix(self, runs: list) -> list:
+        """The leading keys of `runs` (key sequences, in order) found in the cache."""
+        hits: list = []
+        for run in runs:
+            num = self.count_cached_prefix(run)
+            hits.extend(run[:num])
+            if num < len(run):
+                break
+        return hits
 
     def count_evictable(self, keys: list[Hashable]) -> int:
         """How many of `keys` (all cached) sit unreferenced in the LRU list."""
@@ -58,11 +92,16 @@ class KvBlockManager:
     def acquire_cached(self, keys: list[Hashable]) -> None:
         """Take a reference on cached blocks (a prefix hit)."""
         refs, evictable = self._refs, self._evictable
-        for key in keys:
-            count = refs[key]
-            if count == 0:
-                del evictable[key]
-            refs[key] = count + 1
+        counts = list(map(refs.__getitem__, keys))
+        num_idle = counts.count(0)
+        if num_idle == len(counts):  # all unreferenced: a conversation's own earlier turn
+            _drain(map(evictable.__delitem__, keys))
+            refs.update(dict.fromkeys(keys, 1))
+            return
+        if num_idle:
+            _drain(map(evictable.__delitem__,
+                       [key for key, count in zip(keys, counts, strict=True) if count == 0]))
+        refs.update(zip(keys, map((1).__add__, counts), strict=True))
 
     def allocate(self, num_blocks: int) -> None:
         """Take `num_blocks` uncached blocks, evicting LRU cached blocks when needed."""
@@ -72,9 +111,10 @@ class KvBlockManager:
         self.num_free_uncached -= from_free
         num_evict = num_blocks - from_free
         if num_evict:
-            refs, pop = self._refs, self._evictable.popitem
-            for _ in range(num_evict):
-                del refs[pop(last=False)[0]]
+            evictable = self._evictable
+            victims = list(islice(evictable, num_evict))  # least recently released first
+            _drain(map(evictable.__delitem__, victims))
+            _drain(map(self._refs.__delitem__, victims))
             self.num_evictions += num_evict
 
     def register(self, key: Hashable) -> bool:
@@ -84,6 +124,15 @@ class KvBlockManager:
         self._refs[key] = 1
         return True
 
+    def register_new(self, keys: list[Hashable]) -> bool:
+        """Register a run of keys at once when none is cached yet; False (and nothing done)
+        otherwise, so that the caller registers them one by one."""
+        refs = self._refs
+        if not self.enable_prefix_caching or not refs.keys().isdisjoint(keys):
+            return False
+        refs.update(dict.fromkeys(keys, 1))
+        return True
+
     def release(self, keys: list[Hashable | None]) -> None:
         """Drop a sequence's blocks, tail first so that shared prefixes are evicted last."""
         num_uncached = keys.count(None)
@@ -91,12 +140,16 @@ class KvBlockManager:
         if num_uncached == len(keys):
             return
         refs, evictable = self._refs, self._evictable
-        for key in reversed(keys):
-            if key is not None:
-                count = refs[key] - 1
-                refs[key] = count
-                if not count:
-                    evictable[key] = None
+        cached = [key for key in reversed(keys) if key is not None]
+        counts = list(map(refs.__getitem__, cached))
+        if counts.count(1) == len(counts):  # no other sequence shares them: all evictable
+            refs.update(dict.fromkeys(cached, 0))
+            evictable.update(dict.fromkeys(cached))
+            return
+        for key, count in zip(cached, counts, strict=True):
+            refs[key] = count - 1
+            if count == 1:
+                evictable[key] = None
 
     def check_invariants(self) -> None:
         """Raise AssertionError when the accounting is inconsistent."""

@@ -9,7 +9,7 @@ the stream (a reply), their blocks become cacheable too.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,16 +104,39 @@ class Sequence:
         """Whether any block can carry a cache key."""
         return self.stream_id != PRIVATE_STREAM or self.hash_ids is not None
 
-    def block_keys_between(self, start: int, stop: int, block_size: int) -> list:
-        """Cache keys of blocks start..stop-1, cut at the first block holding private tokens."""
+    def block_key_runs(self, start: int, stop: int, block_size: int,
+                       key_base: Callable[[int, int], int]) -> list[range]:
+        """Cache keys of blocks start..stop-1, cut at the first block holding private tokens, as
+        runs of consecutive ints (one per stream, or one per trace hash id).
+
+        Block j is named by (namespace, stream, j), or under trace hash ids by (namespace, the
+        hash id covering it, j); `key_base(namespace, name)` turns a name into the key of its
+        block 0."""
         stop = min(stop, self.num_stream_tokens // block_size)
         if stop <= start:
             return []
         ns = self.kv_namespace
         if self.hash_ids is None:
-            sid = self.stream_id
-            return [] if sid == PRIVATE_STREAM else [(ns, sid, j) for j in range(start, stop)]
+            if self.stream_id == PRIVATE_STREAM:
+                return []
+            base = key_base(ns, self.stream_id)
+            return [range(base + start, base + stop)]
         ids, per_id = self.hash_ids, self.hash_block_tokens
         stop = min(stop, -(-len(ids) * per_id // block_size))
-        return [(ns, ids[j * block_size // per_id], j) for j in range(start, stop)
-                if j * block_size // per_id < len(ids)]
+        runs = []
+        j = start
+        while j < stop:
+            position = j * block_size // per_id
+            end = min(stop, -(-(position + 1) * per_id // block_size))  # past its hash id
+            base = key_base(ns, ids[position])
+            runs.append(range(base + j, base + end))
+            j = end
+        return runs
+
+    def block_keys_between(self, start: int, stop: int, block_size: int,
+                           key_base: Callable[[int, int], int]) -> list[int]:
+        """The keys of `block_key_runs` as one list."""
+        runs = self.block_key_runs(start, stop, block_size, key_base)
+        if len(runs) == 1:
+            return list(runs[0])
+        return [key for run in runs for key in run]
