@@ -66,13 +66,18 @@ def decision_time_s(scenario: Scenario, strategy, costing: StrategyCosting,
 
 
 def _replay_in_step_s(costing: StrategyCosting, num_query_tokens: int,
-                      num_context_tokens: int) -> float:
-    """What a bounded replay adds to the step that prefills the user turn (the engine runs it
-    with the answer's first chunk): the step with it minus the step without it."""
+                      num_context_tokens: int, *, window_tokens: int | None = None,
+                      layers: tuple[int, int] | None = None) -> float:
+    """What rebuilding a window adds to the step that prefills the user turn (the engine runs
+    it with the answer's first chunk): the step with it minus the step without it. By default
+    the bounded replay (the decoder layers); `layers` (first, last) and `window_tokens` price
+    another window, the encoder's re-encode of C[-W:]."""
     c, p = costing.coeffs, costing.profile
-    replay = min(costing.replay_window_tokens, num_context_tokens)
+    window = costing.replay_window_tokens if window_tokens is None else window_tokens
+    replay = min(window, num_context_tokens)
+    first, last = layers or (costing.first_decoder_layer, p.num_layers)
     items = dict(num_layers=p.num_layers, adapter_ids=[0, 0], is_adapted=[True, True],
-                 first_layer=[0, costing.first_decoder_layer], last_layer=[p.num_layers] * 2,
+                 first_layer=[0, first], last_layer=[p.num_layers, last],
                  is_replay=[False, True], is_last_chunk=[True, False])
     both = create_step_batch([num_query_tokens, replay],
                              [num_context_tokens, num_context_tokens - replay], **items)
@@ -164,6 +169,11 @@ def _direct_turn_s(scenario: Scenario, strategy, costing: StrategyCosting,
     c, p, ctx = costing.coeffs, costing.profile, a.num_turn_context_tokens
     first = prefill_s(c, p, a.num_query_tokens, num_context_tokens=ctx,
                       max_chunk_tokens=scenario.engine.max_num_batched_tokens)
+    ced = costing.arch.ced
+    if ced is not None and scenario.engine.ced_encoder_window == "recompute":
+        first += _replay_in_step_s(costing, a.num_query_tokens, ctx,
+                                   window_tokens=ced.sliding_window_tokens,
+                                   layers=(0, ced.num_encoder_layers))
     return first + decode_run_s(c, p, num_tokens=num_decode_tokens, num_context_tokens=ctx,
                                 batch_size=a.decode_batch_size,
                                 num_distinct_adapters=_batch_adapters(strategy, a),

@@ -117,6 +117,10 @@ class EngineConfig(FrozenModel):
     """Adapters cached in host memory."""
     max_lora_rank: int = 16
     """Largest adapter rank; LoRA buffers are preallocated at this rank."""
+    ced_encoder_window: Literal["recompute", "kept"] = "recompute"
+    """CED models: recompute (the CED write-up's turn) re-encodes the last W cached positions
+    before each request's new tokens, C[-W:] + U, since the encoder's window KV is not kept
+    between requests; kept (engine_ext's way) keeps it with the conversation and encodes U."""
     version: str | None = Field(default=None, min_length=1)
     """Engine version the plan is for (vLLM's, e.g. "0.32.0"); a named cost profile measured
     on another version is refused. None: any."""

@@ -113,6 +113,7 @@ def engine_limits(scenario: Scenario) -> EngineLimits:
         gpu_memory_utilization=e.gpu_memory_utilization, max_loras=e.max_loras,
         kv_cache_memory_bytes=e.kv_cache_memory_bytes,
         max_cpu_loras=e.max_cpu_loras, max_lora_rank=e.max_lora_rank,
+        ced_encoder_window=e.ced_encoder_window,
         num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
         mean_accepted_tokens=spec.mean_accepted_tokens if spec else 1.0)
 

@@ -54,6 +54,11 @@ class EngineLimits(_Frozen):
     """KV blocks per replica; None resolves them from the memory model as vLLM would."""
     kv_cache_memory_bytes: float | None = Field(default=None, gt=0)
     """Explicit KV pool per GPU (vLLM's kv_cache_memory_bytes); None: what the budget leaves."""
+    ced_encoder_window: Literal["recompute", "kept"] = "recompute"
+    """CED models: how a request continues the encoder after a cached prefix. recompute (the
+    CED write-up's turn): it incrementally encodes C[-W:] + U, re-encoding the last W cached
+    positions because the encoder's window KV is not kept between requests; kept (engine_ext's
+    way): the encoder's window KV stays with the conversation and only U is encoded."""
 
     @model_validator(mode="after")
     def _consistent(self) -> EngineLimits:

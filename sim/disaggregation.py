@@ -48,8 +48,8 @@ class Disaggregation:
             decode.is_replay_done = prefill.is_replay_done
             driver.advance_after_hop(decode)
 
-        decode_fields = dict(fields, num_replay_tokens=0, num_routing_decisions=0,
-                             is_kv_preloaded=True)
+        decode_fields = dict(fields, num_replay_tokens=0, num_reencode_tokens=0,
+                             num_routing_decisions=0, is_kv_preloaded=True)
         decode = driver.new_seq(decode_fields, turn, on_decoded)
         decode.num_generated_tokens = 1
         decode.first_token_s = prefill.first_token_s

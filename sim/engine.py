@@ -31,6 +31,8 @@ class StepPlan:
     """Sequences decoding one step."""
     replays: list[Sequence] = field(default_factory=list)
     """Sequences whose bounded replay runs in this step."""
+    reencodes: list[Sequence] = field(default_factory=list)
+    """Sequences whose encoder window is re-encoded in this step (before their new tokens)."""
     num_routing_decisions: int = 0
     adapter_load_s: float = 0.0
     num_admitted: int = 0
@@ -199,9 +201,7 @@ class Engine:
         plan.adapter_load_s += load_s
         if seq.first_scheduled_s < 0:
             seq.first_scheduled_s = now
-        if seq.num_replay_tokens and not seq.is_replay_done:
-            seq.is_replay_done = True
-            plan.replays.append(seq)
+        self._rebuild_window(seq, done if not seq.is_kv_preloaded else 0, plan)
         self.running.append(seq)
         plan.num_admitted += 1
         if is_decode:
@@ -210,6 +210,20 @@ class Engine:
             plan.prefills.append((seq, num_new))
             self._note_prompt_end(seq, num_new, plan)
         return cost
+
+    @staticmethod
+    def _rebuild_window(seq: Sequence, num_cached: int, plan: StepPlan) -> None:
+        """A prompt that starts after `num_cached` cached tokens needs the window before it:
+        the encoder's is re-encoded (when the sequence asks), the decoder's replayed under the
+        target when another adapter wrote it. Without a cached prefix the prefill itself
+        writes every window."""
+        seq.num_reencode_context_tokens = num_cached if seq.num_reencode_tokens else 0
+        if seq.num_reencode_context_tokens:
+            plan.reencodes.append(seq)
+        if seq.num_replay_tokens and not seq.is_replay_done and num_cached:
+            seq.is_replay_done = True
+            seq.num_replay_context_tokens = num_cached
+            plan.replays.append(seq)
 
     def max_decode_run_steps(self, plan: StepPlan) -> int:
         """Steps the pure-decode `plan` can repeat before a sequence finishes or KV runs out."""

@@ -90,6 +90,7 @@ def hop_breakdown_figure(turns: pd.DataFrame) -> go.Figure:
 GPU_PIECES = {
     "routing_busy_s": "routing pass",
     "prefill_busy_s": "prompt (encode new tokens, write KV)",
+    "reencode_busy_s": "encoder window re-encode (C[-W:])",
     "replay_busy_s": "bounded replay",
     "decode_busy_s": "decode",
     "summary_busy_s": "summary hop",

@@ -23,15 +23,15 @@ _SEQ_COLUMNS = dict(
     submit_s="d", first_scheduled_s="d", first_token_s="d", finish_s="d",
     num_prompt_tokens="q", num_cached_tokens="q", num_prefill_tokens_computed="q",
     num_output_tokens="q", num_preemptions="q", num_replay_tokens="q", adapter_load_s="d",
-    busy_prefill_s="d", busy_replay_s="d", busy_decode_s="d")
+    busy_prefill_s="d", busy_replay_s="d", busy_decode_s="d", busy_reencode_s="d")
 _TURN_COLUMNS = dict(
     conv_id="q", turn_index="q", domain="q", is_switch="q", replica="q", arrival_s="d",
     route_s="d", first_token_s="d", finish_s="d", done_s="d", num_context_tokens="q",
     num_user_tokens="q", num_output_tokens="q", num_prefill_tokens_computed="q",
     num_cached_tokens="q", num_replay_tokens="q", num_recomputed_tokens="q",
     num_hop_prefill_tokens="q", num_preemptions="q", adapter_load_s="d", is_routed="q",
-    is_misrouted="q", routing_busy_s="d", prefill_busy_s="d", replay_busy_s="d",
-    decode_busy_s="d", summary_busy_s="d")
+    is_misrouted="q", routing_busy_s="d", prefill_busy_s="d", reencode_busy_s="d",
+    replay_busy_s="d", decode_busy_s="d", summary_busy_s="d")
 _SAMPLE_COLUMNS = dict(
     time_s="d", replica="q", num_running="q", num_waiting="q", batch_size="q",
     kv_blocks_used="q", kv_blocks_cached="q", kv_blocks_occupied="q", num_resident_adapters="q",
@@ -67,8 +67,11 @@ class TurnRecord:
     routing_busy_s: float = 0.0
     """Replica seconds of the turn's routing pass (route hop or routing prefill)."""
     prefill_busy_s: float = 0.0
-    """Replica seconds of the answer's prompt: on a CED model the encoder over the new tokens
-    (its window KV is kept, so C[-W:] is not encoded again) and the global-KV write."""
+    """Replica seconds of the answer's new tokens: on a CED model the encoder over U, the
+    global-KV write (once per position) and the decoder over U."""
+    reencode_busy_s: float = 0.0
+    """Replica seconds of the answer's encoder re-encoding C[-W:] before U (CED turns whose
+    engine keeps no encoder window between requests)."""
     replay_busy_s: float = 0.0
     """Replica seconds of the answer's bounded replay of the last W positions."""
     decode_busy_s: float = 0.0
@@ -113,18 +116,19 @@ class MetricsRecorder:
             seq.num_prompt_tokens, seq.num_cached_tokens, seq.num_prefill_tokens_computed,
             seq.num_output_tokens, seq.num_preemptions,
             seq.num_replay_tokens if seq.is_replay_done else 0, seq.adapter_load_s,
-            seq.busy_prefill_s, seq.busy_replay_s, seq.busy_decode_s)
+            seq.busy_prefill_s, seq.busy_replay_s, seq.busy_decode_s, seq.busy_reencode_s)
         if seq.hop not in ("answer", "decode"):
             turn.num_hop_prefill_tokens += seq.num_prefill_tokens_computed
         turn.num_preemptions += seq.num_preemptions
         turn.adapter_load_s += seq.adapter_load_s
-        busy = seq.busy_prefill_s + seq.busy_replay_s + seq.busy_decode_s
+        busy = seq.busy_prefill_s + seq.busy_replay_s + seq.busy_decode_s + seq.busy_reencode_s
         if seq.hop in ("route", "routing_prefill"):
             turn.routing_busy_s += busy
         elif seq.hop == "summary":
             turn.summary_busy_s += busy
         else:  # the answer, or its prefill and decode sides when disaggregated
             turn.prefill_busy_s += seq.busy_prefill_s
+            turn.reencode_busy_s += seq.busy_reencode_s
             turn.replay_busy_s += seq.busy_replay_s
             turn.decode_busy_s += seq.busy_decode_s
 
@@ -139,8 +143,8 @@ class MetricsRecorder:
             t.num_user_tokens, t.num_output_tokens, t.num_prefill_tokens_computed,
             t.num_cached_tokens, t.num_replay_tokens, recomputed, t.num_hop_prefill_tokens,
             t.num_preemptions, t.adapter_load_s, int(t.is_routed), int(t.is_misrouted),
-            t.routing_busy_s, t.prefill_busy_s, t.replay_busy_s, t.decode_busy_s,
-            t.summary_busy_s)
+            t.routing_busy_s, t.prefill_busy_s, t.reencode_busy_s, t.replay_busy_s,
+            t.decode_busy_s, t.summary_busy_s)
 
     def on_sample(self, replica, now: float, batch_size: int) -> None:
         """A replica finished a step or run; keep a sample if the interval has passed."""

@@ -16,7 +16,7 @@ import simpy
 
 from sim.engine import Engine
 from sim.sequence import Sequence
-from sim.step_pricer import DecodeRun, StepPricer
+from sim.step_pricer import DecodeRun, StepPricer, reencode_span
 
 
 class SimulationError(RuntimeError):
@@ -137,6 +137,8 @@ def _attribute(plan, elapsed_s: float, num_decode_tokens: int) -> None:
     replays = [(seq, min(seq.num_replay_tokens, seq.num_replay_context_tokens))
                for seq in plan.replays]
     tokens += sum(n for _, n in replays)
+    reencodes = [(seq, reencode_span(seq)[0]) for seq in plan.reencodes]
+    tokens += sum(n for _, n in reencodes)
     per_token = elapsed_s / tokens if tokens else 0.0
     for seq, num_new in plan.prefills:
         seq.busy_prefill_s += num_new * per_token
@@ -144,6 +146,8 @@ def _attribute(plan, elapsed_s: float, num_decode_tokens: int) -> None:
         seq.busy_decode_s += num_decode_tokens * per_token
     for seq, num_replay in replays:
         seq.busy_replay_s += num_replay * per_token
+    for seq, num_reencode in reencodes:
+        seq.busy_reencode_s += num_reencode * per_token
 
 
 def _stuck_message(engine: Engine) -> str:

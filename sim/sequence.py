@@ -42,8 +42,15 @@ class Sequence:
     is_prefill_adapted: bool = True
     is_decode_adapted: bool = True
     num_replay_tokens: int = 0
-    """Bounded replay run with the first prefill step (a CED switch)."""
+    """Bounded replay run with the first prefill step (a CED switch): the W positions before
+    the first computed token, when they came from the prefix cache."""
     num_replay_context_tokens: int = 0
+    """Tokens before the replayed window's end (set on admission: the cached prefix)."""
+    num_reencode_tokens: int = 0
+    """Encoder window W that a prompt starting after a cached prefix re-encodes first (a CED
+    turn encodes C[-W:] + U; the encoder's window KV is not kept between requests)."""
+    num_reencode_context_tokens: int = 0
+    """Cached tokens the re-encoded window ends at (set on admission; 0: no re-encode)."""
     num_routing_decisions: int = 0
     """Routing-head decisions priced in the step that completes the prompt."""
     is_kv_preloaded: bool = False
@@ -66,6 +73,8 @@ class Sequence:
     step's items in proportion to the tokens each computes."""
     busy_replay_s: float = 0.0
     """Replica seconds of its bounded replay."""
+    busy_reencode_s: float = 0.0
+    """Replica seconds of re-encoding the encoder window before its new tokens."""
     busy_decode_s: float = 0.0
     """Replica seconds of its decode steps."""
     is_replay_done: bool = False

@@ -28,6 +28,12 @@ MAX_VECTOR_SEARCH_CELLS = 1 << 15
 """Runs up to this many (step, sequence) cells find an interrupted step in one numpy pass."""
 
 
+def reencode_span(seq) -> tuple[int, int]:
+    """(tokens, cached tokens it ends at) of a sequence's encoder-window re-encode."""
+    end = seq.num_reencode_context_tokens
+    return min(seq.num_reencode_tokens, end), end
+
+
 class DecodeRun:
     """Times of a run of identical-structure decode steps: cumulative seconds after j steps."""
 
@@ -109,6 +115,11 @@ class StepPricer:
             new.append(num_replay), ctx.append(seq.num_replay_context_tokens - num_replay)
             ids.append(seq.adapter), adapted.append(True), first.append(self.replay_first_layer)
             last.append(num_layers), replay.append(True), samples.append(False)
+        for seq in plan.reencodes:  # rebuilds existing positions' encoder KV: priced as replay
+            num, ctx_end = reencode_span(seq)
+            new.append(num), ctx.append(ctx_end - num), ids.append(seq.adapter)
+            adapted.append(seq.is_prefill_adapted), first.append(0)
+            last.append(self.replay_first_layer), replay.append(True), samples.append(False)
         return create_step_batch(
             new, ctx, num_layers=num_layers, adapter_ids=ids, is_adapted=adapted,
             first_layer=first, last_layer=last, is_replay=replay, is_last_chunk=samples,
@@ -117,7 +128,7 @@ class StepPricer:
     def step_s(self, plan: StepPlan) -> float:
         """Seconds of one step of `plan`, adapter loads included."""
         num_layers = self.profile.num_layers
-        if not self.is_fast or plan.replays or any(
+        if not self.is_fast or plan.replays or plan.reencodes or any(
                 seq.first_layer != 0 or 0 <= seq.last_layer != num_layers
                 for seq, _ in plan.prefills):
             self.num_predict_calls += 1

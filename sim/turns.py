@@ -96,6 +96,8 @@ class TurnDriver:
         self.routing_last_layer = ced.routing_layer + 1 if ced else config.arch.num_layers
         self._is_routing = self.strategy.kind in ROUTING_KINDS
         self._misroute_offset = self._draw_misroutes(config, workload.num_turns)
+        self._reencode_tokens = ced.sliding_window_tokens \
+            if ced and config.engine.ced_encoder_window == "recompute" else 0
 
     def _draw_misroutes(self, config: SimConfig, num_turns: int) -> np.ndarray | None:
         """Per turn, 0 when the router is right, else the step to the wrong domain it picks."""
@@ -158,8 +160,8 @@ class TurnDriver:
             conv.window_adapter = adapter
         if holder is None or holder == adapter:
             return {}
-        return dict(num_replay_tokens=self.strategy.replay_window_tokens,
-                    num_replay_context_tokens=conv.num_context_tokens)
+        # The engine replays the W cached positions before the first computed token.
+        return dict(num_replay_tokens=self.strategy.replay_window_tokens)
 
     def _start_turn(self, conv: ConversationState) -> None:
         """The conversation's next turn arrives now: pick its replica and run its first hop."""
@@ -285,6 +287,8 @@ class TurnDriver:
 
     def _run(self, t: Turn, fields: dict) -> None:
         """Submit one hop; the turn advances when it (its decode side, if disaggregated) ends."""
+        if self._reencode_tokens:  # every hop over the conversation encodes C[-W:] + its tokens
+            fields["num_reencode_tokens"] = self._reencode_tokens
         if self.router_pool is not None and fields["hop"] in ROUTING_HOPS:
             replica = self.router_pool.choose(0, fields["adapter"], None)
             replica.submit(self.new_seq(fields, t, self.on_hop_done))

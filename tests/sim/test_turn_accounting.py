@@ -52,7 +52,8 @@ def test_an_in_engine_heads_measured_time_is_gpu_work_in_the_answer_step():
     extra = measured.turns["ttft_s"].to_numpy() - derived.turns["ttft_s"].to_numpy()
     np.testing.assert_allclose(extra, 0.25 - head_s / 8, rtol=1e-6)  # TP=8 GPUs per replica
     assert measured.summary["routing_gpu_s"] == pytest.approx(4 * 0.25 * 8, rel=1e-9)
-    busy = [r.turns["prefill_busy_s"] + r.turns["replay_busy_s"] for r in (measured, derived)]
+    busy = [r.turns[["prefill_busy_s", "reencode_busy_s", "replay_busy_s"]].sum(axis=1)
+            for r in (measured, derived)]
     np.testing.assert_allclose(busy[0] - busy[1], extra, rtol=1e-6)
     # A measured time below the head's own never makes it cheaper.
     assert tiny.summary["routing_gpu_s"] == pytest.approx(derived.summary["routing_gpu_s"])
