@@ -15,17 +15,27 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sim.model_shapes import lora_weights_per_rank, total_params
+from sim.model_shapes import embedding_params, lora_weights_per_rank, total_params
 from sim.specs import LORA_MODULES, GpuSpec, ModelArch
 
 LORA_DTYPE_BYTES = 2
 """LoRA weights are kept in bf16 even when the base is fp8 (vLLM's default lora_dtype)."""
-
+ACTIVATION_DTYPE_BYTES = 2
+"""Activations are bf16, whatever the weights' dtype."""
+SAMPLER_BYTES_PER_LOGIT = 38.4
+"""Peak bytes per logit of vLLM's dummy sampler run over max_num_seqs full-vocabulary rows (the
+fp32 logits and the top-k/top-p and sampling temporaries live at once). Fitted on one published
+run (Llama-3.1-8B on an H100, activation peak 4.76 GiB at 1024 sequences and 8192 batched
+tokens) and checked on two others (tests/sim/test_published_kv_capacity.py)."""
 
 
 def weight_bytes_per_gpu(arch: ModelArch, tensor_parallel_size: int) -> float:
-    """Base weights held by one GPU, bytes (all weights sharded evenly over TP ranks)."""
-    return total_params(arch) * arch.weight_dtype_bytes / tensor_parallel_size
+    """Base weights held by one GPU, bytes (all weights sharded evenly over TP ranks; the
+    embedding and LM head in their own dtype where a quantized checkpoint keeps them wider)."""
+    embed = embedding_params(arch)
+    embed_dtype = arch.embedding_dtype_bytes or arch.weight_dtype_bytes
+    total = (total_params(arch) - embed) * arch.weight_dtype_bytes + embed * embed_dtype
+    return total / tensor_parallel_size
 
 
 def kv_bytes_per_token_per_layer(arch: ModelArch) -> float:
@@ -76,12 +86,18 @@ def adapter_slot_bytes_per_gpu(
 def activation_reserve_bytes(
     arch: ModelArch, max_num_batched_tokens: int, max_num_seqs: int, tensor_parallel_size: int
 ) -> float:
-    """Peak activation memory of the profiling pass (assumed form: a few hidden-wide buffers and
-    the FFN intermediate per batched token, plus fp32 logits for every sequence)."""
+    """Peak activation memory of vLLM's profiling pass (vllm/v1/worker/gpu_model_runner.py,
+    profile_run): the larger of the forward over max_num_batched_tokens (assumed form: a few
+    hidden-wide buffers and the FFN intermediate per token) and the sampler run over one row per
+    sequence while the forward's hidden states stay alive. Every TP rank gathers the whole
+    vocabulary before sampling, so the sampler's part is not divided by TP."""
     ffn = arch.intermediate_size if arch.moe is None else arch.moe.expert_intermediate_size * 8
-    per_token = (4 * arch.hidden_size + 2 * ffn / tensor_parallel_size) * 2
-    logits = max_num_seqs * arch.vocab_size * 4 / tensor_parallel_size
-    return max_num_batched_tokens * per_token + logits
+    per_token = (4 * arch.hidden_size + 2 * ffn / tensor_parallel_size) * ACTIVATION_DTYPE_BYTES
+    forward = max_num_batched_tokens * per_token
+    hidden_states = max_num_batched_tokens * arch.hidden_size * ACTIVATION_DTYPE_BYTES
+    rows = min(max_num_seqs, max_num_batched_tokens)
+    sampler = rows * arch.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    return max(forward, hidden_states + sampler)
 
 
 @dataclass(frozen=True)

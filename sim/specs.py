@@ -143,6 +143,9 @@ class ModelArch(_Sourced):
     """Longest context the model supports."""
     weight_dtype_bytes: float = Field(gt=0)
     """Bytes per weight (2 for bf16, 1 for fp8)."""
+    embedding_dtype_bytes: float | None = Field(default=None, gt=0)
+    """Bytes per weight of the embedding and LM head where a quantized checkpoint keeps them
+    wider (FP8 checkpoints keep them in bf16: 2); None: weight_dtype_bytes."""
     kv_dtype_bytes: float = Field(gt=0)
     """Bytes per stored KV value."""
     tie_word_embeddings: bool = False

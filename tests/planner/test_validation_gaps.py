@@ -147,7 +147,7 @@ def test_an_empty_module_list(tmp_path):
 BLOCK = """\
 model: llama-3.1-8b
 hardware: {gpu: A100-80GB}
-engine: {block_size: 4096, gpu_memory_utilization: 0.21}
+engine: {block_size: 4096, gpu_memory_utilization: 0.218}
 strategies: [{kind: base}]
 workload: {kind: punica, max_prompt_tokens: 1000, num_output_tokens: 10}
 """

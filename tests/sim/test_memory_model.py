@@ -47,6 +47,24 @@ def test_weight_bytes_per_gpu():
     assert weight_bytes_per_gpu(ARCH, 2) == 1312
 
 
+def test_a_quantized_checkpoint_keeps_its_embedding_and_head_in_their_own_dtype():
+    # Unit model: 1152 layer weights in fp8 (1 byte) + 160 embedding and head weights in bf16.
+    fp8 = ARCH.model_copy(update={"weight_dtype_bytes": 1, "embedding_dtype_bytes": 2})
+    assert weight_bytes_per_gpu(fp8, 1) == 1152 + 2 * 160
+    assert weight_bytes_per_gpu(ARCH.model_copy(update={"weight_dtype_bytes": 1}), 1) == 1312
+
+
+def test_the_sampler_run_sets_the_activation_peak_at_large_batches_whatever_the_tp():
+    from sim.memory_model import activation_reserve_bytes
+    llama = get_model("llama-3.1-8b")
+    # 1024 sequences x 128256 logits x 38.4 bytes over 8192 x 4096 bf16 hidden states.
+    expected = 1024 * 128256 * 38.4 + 8192 * 4096 * 2
+    for tp in (1, 2, 8):
+        assert activation_reserve_bytes(llama, 8192, 1024, tp) == pytest.approx(expected)
+    # A long prefill with few sequences: the forward's buffers are the peak.
+    assert activation_reserve_bytes(llama, 65536, 8, 1) == 65536 * (4 * 4096 + 2 * 14336) * 2
+
+
 def test_weights_of_llama_8b_in_bf16():
     # 8.03e9 weights * 2 bytes / 4 GPUs ~ 4.015e9 bytes per GPU.
     assert weight_bytes_per_gpu(get_model("llama-3.1-8b"), 4) == pytest.approx(4.015e9, rel=0.01)
@@ -113,18 +131,19 @@ def test_adapter_slot_bytes_llama_8b():
 
 def test_block_count_by_hand():
     # Budget 1e6 * 0.5 = 500000. Weights 2624, LoRA slots 8192 (above).
-    # Activations: 10 batched tokens * (4*8 + 2*16) * 2 = 1280, plus logits 4 seqs * 10 * 4 = 160.
-    # Pool 500000 - 2624 - 8192 - 1440 = 487744; a block of 16 tokens * 32 bytes = 512 bytes:
-    # 487744 / 512 = 952.6 -> 952 blocks, 15232 tokens.
+    # Activations: the larger of the forward, 10 batched tokens * (4*8 + 2*16) * 2 = 1280, and
+    # the sampler run, 4 seqs * 10 vocab * 38.4 = 1536 over the hidden states 10 * 8 * 2 = 160.
+    # Pool 500000 - 2624 - 8192 - 1696 = 487488; a block of 16 tokens * 32 bytes = 512 bytes:
+    # 487488 / 512 = 952.1 -> 952 blocks, 15232 tokens.
     mem = memory_breakdown(ARCH, GPU, tensor_parallel_size=1, gpu_memory_utilization=0.5,
                            max_num_seqs=4, max_num_batched_tokens=10, block_size=16, max_loras=2,
                            max_lora_rank=8, uses_lora=True)
     assert (mem.budget_bytes, mem.weight_bytes, mem.adapter_slot_bytes) == (500000, 2624, 8192)
-    assert mem.activation_bytes == 1440
-    assert mem.kv_pool_bytes == 487744
+    assert mem.activation_bytes == pytest.approx(1696)
+    assert mem.kv_pool_bytes == pytest.approx(487488)
     assert mem.num_kv_blocks == 952
     assert mem.num_kv_tokens == 15232
-    # Without LoRA the 8192 slot bytes are free: (500000 - 2624 - 1440) / 512 = 968.6 -> 968.
+    # Without LoRA the 8192 slot bytes are free: (500000 - 2624 - 1696) / 512 = 968.1 -> 968.
     base = memory_breakdown(ARCH, GPU, tensor_parallel_size=1, gpu_memory_utilization=0.5,
                             max_num_seqs=4, max_num_batched_tokens=10, block_size=16,
                             max_loras=2, max_lora_rank=8, uses_lora=False)
@@ -132,14 +151,14 @@ def test_block_count_by_hand():
 
 
 def test_ced_block_count_reserves_window_state_per_sequence():
-    # Unit CED: weights 4 * 576 + 160 = 2464 weights, 4928 bytes; no LoRA; activations 1440;
-    # window 4 seqs * 256 = 1024. Pool 500000 - 4928 - 1440 - 1024 = 492608; a block of 16 tokens
-    # * 15 bytes = 240: 2052.5 -> 2052 blocks.
+    # Unit CED: weights 4 * 576 + 160 = 2464 weights, 4928 bytes; no LoRA; activations 1696;
+    # window 4 seqs * 256 = 1024. Pool 500000 - 4928 - 1696 - 1024 = 492352; a block of 16 tokens
+    # * 15 bytes = 240: 2051.5 -> 2051 blocks.
     mem = memory_breakdown(CED_ARCH, GPU, tensor_parallel_size=1, gpu_memory_utilization=0.5,
                            max_num_seqs=4, max_num_batched_tokens=10, block_size=16,
                            max_loras=2, max_lora_rank=8, uses_lora=False)
     assert mem.window_state_bytes == 1024
-    assert mem.num_kv_blocks == 2052
+    assert mem.num_kv_blocks == 2051
 
 
 def test_model_that_does_not_fit_has_no_blocks():
