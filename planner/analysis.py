@@ -174,7 +174,9 @@ def _direct_turn_s(scenario: Scenario, strategy, costing: StrategyCosting,
         first += _replay_in_step_s(costing, a.num_query_tokens, ctx,
                                    window_tokens=ced.sliding_window_tokens,
                                    layers=(0, ced.num_encoder_layers))
-    return first + decode_run_s(c, p, num_tokens=num_decode_tokens, num_context_tokens=ctx,
+    # The prefill samples the first reply token; the decode steps make the rest.
+    return first + decode_run_s(c, p, num_tokens=num_decode_tokens - 1,
+                                num_context_tokens=ctx + a.num_query_tokens,
                                 batch_size=a.decode_batch_size,
                                 num_distinct_adapters=_batch_adapters(strategy, a),
                                 is_adapted=strategy.kind != "preft")

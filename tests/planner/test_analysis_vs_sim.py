@@ -69,3 +69,22 @@ def test_switch_cost_matches_the_simulated_switch(case):
     switched = simulate_strategy(s, 0, workload=one_conversation([0, 1])).turns.iloc[1]
     simulated = (switched.ttft_s - switched.route_s) - (same.ttft_s - same.route_s)
     assert simulated == pytest.approx(analytical, rel=0.15)
+
+
+@pytest.mark.parametrize("window", ("recompute", "kept"))
+@pytest.mark.parametrize("case", CASES)
+def test_the_direct_turn_matches_a_simulated_turn_with_the_right_adapter(case, window):
+    # The routing table's direct turn (prefill the user turn after the context, with the CED
+    # encoder's re-encode of C[-W:] unless it keeps its window, then decode the reply alone).
+    from planner.analysis import routing_overhead
+    _, hw = CASES[case]
+    fixed_route = {"kind": "multi_lora", "adapters": ADAPTERS}  # the right adapter, no router
+    s = scenario(fixed_route, **hw)
+    s = s.model_copy(update=dict(
+        engine=s.engine.model_copy(update=dict(ced_encoder_window=window)),
+        analysis=s.analysis.model_copy(update=dict(num_turn_context_tokens=CONTEXT + 2))))
+    direct = routing_overhead(s)[0]["direct_turn_s"].iloc[0]
+    workload = one_conversation([0, 0])
+    workload = Workload(**{**workload.__dict__, "turn_reply_tokens": np.array([1, 16])})
+    second = simulate_strategy(s, 0, workload=workload).turns.iloc[1]
+    assert second.e2e_s == pytest.approx(direct, rel=0.02)
