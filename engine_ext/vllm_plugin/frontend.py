@@ -19,7 +19,7 @@ from engine_ext.reft_io import load_reft_adapter
 from engine_ext.registry import AdapterLoadError
 from engine_ext.vllm_plugin import guards
 from engine_ext.vllm_plugin.adapters import adapter_file
-from engine_ext.vllm_plugin.runtime import HASH_KEY, get_state
+from engine_ext.vllm_plugin.runtime import HASH_KEY, carried_hash, get_state
 
 logger = logging.getLogger(__name__)
 _TARGETS = ("_validate_lora", "_validate_params")
@@ -92,8 +92,7 @@ def _make_validate_lora(original):
 def _make_validate_params(original):
     def _validate_params(self, params, *args, **kwargs):
         result = original(self, params, *args, **kwargs)
-        extra = getattr(params, "extra_args", None) or {}
-        if HASH_KEY in extra:
+        if carried_hash(params) is not None:
             state = get_state()
             _refuse_runner_features(self, state)
             if not state.support.allows(guards.ROUTED_DECODE):

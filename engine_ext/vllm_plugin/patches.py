@@ -25,7 +25,7 @@ from engine_ext.vllm_plugin import guards
 from engine_ext.vllm_plugin.adapters import adapter_file, adapter_version
 from engine_ext.vllm_plugin.direft import ModelShape, ReftStep, apply_edits, reft_rows
 from engine_ext.vllm_plugin.mapping import step_lora_mapping, token_positions
-from engine_ext.vllm_plugin.runtime import HASH_KEY, RoutePlan, StepState, get_state
+from engine_ext.vllm_plugin.runtime import RoutePlan, StepState, carried_hash, get_state
 
 logger = logging.getLogger(__name__)
 _MARK = "__molcap_wrapped__"
@@ -43,18 +43,19 @@ def _wrap(owner, name: str, make) -> None:
 
 
 def _lora_request(entry):
+    """The LoRARequest of a routed adapter. Its own name: vLLM tells LoRARequests apart by name
+    only, so a user's request naming the same adapter (another lora_int_id) would replace it in
+    the step's adapter set, and the routed tokens would point at an adapter never activated."""
     from vllm.lora.request import LoRARequest
 
-    return LoRARequest(lora_name=entry.name, lora_int_id=entry.hash, lora_path=entry.path)
+    return LoRARequest(lora_name=f"molcap-routed:{entry.name}", lora_int_id=entry.hash,
+                       lora_path=entry.path)
 
 
 def _incoming_hash(runner, request_id: str) -> int | None:
     """A decision that arrived with the request (from a remote prefill), if any."""
     cached = getattr(runner, "requests", {}).get(request_id)
-    params = getattr(cached, "sampling_params", None)
-    extra = getattr(params, "extra_args", None) or {}
-    value = extra.get(HASH_KEY)
-    return None if value is None else int(value)
+    return carried_hash(getattr(cached, "sampling_params", None))
 
 
 def _resolve_requests(runner, state, batch, lora_ids, num_computed, num_prompt, sched):
@@ -220,11 +221,11 @@ def _routing_keys(request, state) -> tuple[tuple, str | None]:
     layers above k under an adapter not known when they are hashed; they never serve another
     request, and no cached prefix (whose layer-k states are gone) is read for it.
     """
-    extra = getattr(request.sampling_params, "extra_args", None) or {}
-    if HASH_KEY in extra:
-        entry = state.registry.lookup(int(extra[HASH_KEY]))
+    value = carried_hash(request.sampling_params)
+    if value is not None:
+        entry = state.registry.lookup(value)
         path = None if entry is None else entry.path
-        return ("molcap_routed", int(extra[HASH_KEY]), *adapter_version(path or "")), path
+        return ("molcap_routed", value, *adapter_version(path or "")), path
     if state.config.router is not None and state.support.allows(guards.ROUTING):
         return ("molcap_route_candidate", request.request_id), None
     return (), None

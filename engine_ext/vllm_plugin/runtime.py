@@ -1,9 +1,10 @@
 """Per-process plugin state: config, hash registry, decision channel, counters, current step.
 
 Where a request's adapter comes from, strongest first: the adapter it names (never rerouted), a
-decision hash that arrived with it (`SamplingParams(extra_args={"molcap_adapter_hash": h})`, as a
-decode worker receives it with the KV transfer), the local router's decision (written to the
-channel on the prefill step, read back on the next step), else the base model.
+decision hash that arrived with it (`carried_hash`: in the KV transfer's `kv_transfer_params`, as
+a decode engine receives it from the P/D proxy, or directly in `extra_args`), the local router's
+decision (written to the channel on the prefill step, read back on the next step), else the base
+model.
 """
 
 from __future__ import annotations
@@ -27,6 +28,16 @@ from engine_ext.vllm_plugin.hashing import (
 
 HASH_KEY = "molcap_adapter_hash"
 logger = logging.getLogger(__name__)
+
+
+def carried_hash(sampling_params) -> int | None:
+    """The decision a request carries: `extra_args[HASH_KEY]`, else the one in its
+    `extra_args["kv_transfer_params"]` (the prefill engine's transfer metadata); None: none."""
+    extra = getattr(sampling_params, "extra_args", None) or {}
+    value = extra.get(HASH_KEY)
+    if value is None:
+        value = (extra.get("kv_transfer_params") or {}).get(HASH_KEY)
+    return None if value is None else int(value)
 
 
 @dataclass

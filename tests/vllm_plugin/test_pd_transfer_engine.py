@@ -1,5 +1,6 @@
 """Routing across a real prefill -> decode KV transfer: two vLLM engine processes joined by vLLM's
-shared-storage connector; the decision travels with the KV, counters add up across both."""
+shared-storage connector, KV keyed by prompt and adapter; the decision travels in the request's
+kv_transfer_params, counters add up across both processes."""
 
 from __future__ import annotations
 
@@ -10,116 +11,138 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import save_file
 from vllm_helpers import (
     create_llm,
-    generate,
     pd_transfer_config,
+    plugin_config_env,
     prompt_ids,
-    reference_engine,
-    save_adapter,
+    routed_setup,
     shutdown_llm,
-    tiny_llama,
 )
 
-from engine_ext.vllm_plugin.config import CONFIG_ENV, RouterConfig, load_plugin_config
+from engine_ext.vllm_plugin.config import CONFIG_ENV
 from engine_ext.vllm_plugin.counters import sum_counters
 from engine_ext.vllm_plugin.hashing import adapter_hash
-from engine_ext.vllm_plugin.kv_transfer import DECISION_FILE
-from engine_ext.vllm_plugin.router import InEngineRouter, create_pointer_head
-from engine_ext.vllm_plugin.runtime import reset_state
+from engine_ext.vllm_plugin.kv_transfer import DECISIONS
+from engine_ext.vllm_plugin.runtime import HASH_KEY
 
-ROUTE_LAYER = 1
 MAX_TOKENS = 12
-NUM_PROMPTS, NUM_DELIVERED = 4, 3
+NUM_ROUTED, NUM_DELIVERED = 4, 3
+BLOCK = 32
 HERE = Path(__file__).parent
 
 
-def _plugin_config(root: Path, paths: dict[str, Path]) -> Path:
-    torch.manual_seed(1)  # a head whose decisions depend on the prompt
-    stub = RouterConfig(route_layer=ROUTE_LAYER, head_path="-",
-                        options=[{"adapter": None, "description_token_ids": [1]}])
-    save_file(create_pointer_head(stub, 256).state_dict(), str(root / "head.safetensors"))
-    config = {
-        "adapters": [{"name": n, "path": str(p)} for n, p in paths.items()],
-        "router": {"route_layer": ROUTE_LAYER, "head_path": str(root / "head.safetensors"),
-                   "options": [{"adapter": "r1", "description_token_ids": prompt_ids(90, 12)},
-                               {"adapter": "r2", "description_token_ids": prompt_ids(91, 9)}]},
-        "counter_dir": str(root / "counters"),
-    }
-    (root / "plugin.json").write_text(json.dumps(config))
-    # The decode side knows the adapters but has no router: a decision must come across.
-    (root / "decode.json").write_text(json.dumps({**config, "router": None}))
-    return root / "plugin.json"
-
-
-def _run_prefill(root: Path, config: Path, prompts: list[list[int]]) -> list[int]:
+def _run_prefill(setup, requests: list[dict]) -> list[dict]:
     """The prefill engine in its own process (max_tokens=1, as a P/D proxy sends it)."""
-    (root / "prompts.json").write_text(json.dumps(prompts))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **{CONFIG_ENV: str(config)})
+    root = setup.root
+    (root / "requests.json").write_text(json.dumps(requests))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
+               **{CONFIG_ENV: str(setup.config_file)})
     done = subprocess.run([sys.executable, str(HERE / "pd_prefill.py"), str(root / "model"),
-                           str(root / "kv"), str(root / "prompts.json"), str(root / "first.json")],
+                           str(root / "kv"), str(root / "requests.json"), str(root / "out.json")],
                           env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
-    return [out[0] for out in json.loads((root / "first.json").read_text())]
+    return json.loads((root / "out.json").read_text())
+
+
+def _decode(llm, sent: list[dict]) -> list[tuple[list[int], int]]:
+    """(tokens, prompt tokens not computed here) per request sent to the decode engine."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
+
+    params = [SamplingParams(max_tokens=MAX_TOKENS - 1, temperature=0.0, ignore_eos=True,
+                             detokenize=False, extra_args=s["extra"]) for s in sent]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=s["prompt"]) for s in sent], params,
+                        lora_request=[s["lora"] and LoRARequest(*s["lora"]) for s in sent],
+                        use_tqdm=False)
+    return [(list(o.outputs[0].token_ids), o.num_cached_tokens) for o in outs]
 
 
 @pytest.fixture(scope="module")
 def pd(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pd")
-    model = tiny_llama(root / "model")
-    paths = {name: save_adapter(model, root / name, seed=seed, prefill_only=False,
-                                layers=(2, 3)) for name, seed in (("r1", 5), ("r2", 6))}
-    config = _plugin_config(root, paths)
-    # Prompts of 2-3 KV blocks (block 32): the full blocks cross in files, the tail is recomputed.
-    prompts = [prompt_ids(700 + i, 70 + 9 * i) for i in range(NUM_PROMPTS)]
-    first = _run_prefill(root, config, prompts)
-    old = os.environ.get(CONFIG_ENV)
-    os.environ[CONFIG_ENV] = str(root / "decode.json")
-    reset_state()
-    decode = create_llm(root / "model", enable_prefix_caching=False, max_num_batched_tokens=256,
-                        kv_transfer_config=pd_transfer_config("kv_consumer", str(root / "kv")))
-    # The last prompt never reaches decode: its decision must show as undelivered.
-    sent = [p + [t] for p, t in zip(prompts[:NUM_DELIVERED], first, strict=False)]
-    outs = generate(decode, sent, [None] * NUM_DELIVERED, MAX_TOKENS - 1)
-    ref = reference_engine(model, paths, route_layer=ROUTE_LAYER)
-    router = InEngineRouter(load_plugin_config(config).router, model.model.embed_tokens, 256)
-    yield dict(prompts=prompts, first=first, outs=outs, ref=ref, router=router, paths=paths,
-               root=root)
-    shutdown_llm(decode)
-    if old is None:
-        os.environ.pop(CONFIG_ENV, None)
-    else:
-        os.environ[CONFIG_ENV] = old
+    setup = routed_setup(tmp_path_factory.mktemp("pd"))
+    # The decode side knows the adapters but has no router: a decision must come across.
+    decode_config = setup.root / "decode.json"
+    decode_config.write_text(json.dumps({**setup.config, "router": None}))
+    loras = {n: [n, i + 1, str(p)] for i, (n, p) in enumerate(setup.paths.items())}
+    # Prompts of 2-3 KV blocks: the full blocks cross in files, the tail is recomputed. The first
+    # prompt is also sent naming r1 and r2: one prompt, three requests, two adapters' KV.
+    prompts = [prompt_ids(700 + i, 70 + 9 * i) for i in range(NUM_ROUTED)]
+    requests = ([{"prompt": p, "lora": None} for p in prompts]
+                + [{"prompt": prompts[0], "lora": loras[n]} for n in ("r1", "r2")])
+    prefilled = _run_prefill(setup, requests)
+    # What a P/D proxy sends to decode: prompt + first token, the kv_transfer_params, the named
+    # adapter. The last routed prompt never reaches decode (undelivered); the second is also
+    # sent once with its metadata dropped by the proxy.
+    sent = [dict(prompt=r["prompt"] + [out["first"]], lora=r["lora"], routed=r["lora"] is None,
+                 extra={"kv_transfer_params": out["kv_transfer_params"]}
+                 if out["kv_transfer_params"] else None)
+            for r, out in zip(requests, prefilled, strict=True)]
+    sent = sent[:NUM_DELIVERED] + sent[NUM_ROUTED:] + [{**sent[1], "extra": None,
+                                                        "dropped": True}]
+    with plugin_config_env(decode_config):
+        decode = create_llm(setup.root / "model", enable_prefix_caching=False,
+                            max_num_batched_tokens=256,
+                            kv_transfer_config=pd_transfer_config("kv_consumer",
+                                                                  str(setup.root / "kv")))
+        outs = _decode(decode, sent)
+        yield dict(setup=setup, requests=requests, prefilled=prefilled, sent=sent, outs=outs,
+                   loras=loras)
+        shutdown_llm(decode)
 
 
-@torch.no_grad()
-def _reference_choice(pd, prompt: list[int]) -> str | None:
-    cache = pd["ref"].new_cache()
-    pd["ref"].forward(cache, torch.tensor([prompt]), None)
-    return pd["router"].choose(cache.boundary[0])
+def _expected(setup, sent: dict, name: str | None) -> list[int]:
+    """engine_ext's greedy continuation of the decode prompt under `name`."""
+    return setup.ref.generate(sent["prompt"], name, max_new_tokens=MAX_TOKENS - 1)
 
 
 def test_decode_after_the_transfer_equals_the_chosen_adapter_named_explicitly(pd):
-    chosen = set()
-    for prompt, first, out in zip(pd["prompts"], pd["first"], pd["outs"], strict=False):
-        name = _reference_choice(pd, prompt)
-        assert [first, *out] == pd["ref"].generate(prompt, name, max_new_tokens=MAX_TOKENS)
+    setup, chosen = pd["setup"], set()
+    for request, out in zip(pd["requests"][:NUM_DELIVERED], pd["prefilled"], strict=False):
+        name = setup.choice(request["prompt"])
+        full = setup.ref.generate(request["prompt"], name, max_new_tokens=MAX_TOKENS)
+        assert out["first"] == full[0]
+        assert out["kv_transfer_params"] == {HASH_KEY: adapter_hash(str(setup.paths[name]))}
         chosen.add(name)
+    for sent, (tokens, loaded) in zip(pd["sent"][:NUM_DELIVERED], pd["outs"], strict=False):
+        name = setup.choice(sent["prompt"][:-1])
+        assert tokens == _expected(setup, sent, name)
+        assert loaded == (len(sent["prompt"]) - 2) // BLOCK * BLOCK  # the KV came across
     assert chosen - {None}  # an adapter was applied on the decode side
 
 
-def test_the_decision_travels_in_the_transfer_and_counters_add_up(pd):
-    decisions = sorted((pd["root"] / "kv").glob(f"*/{DECISION_FILE}"))
-    assert len(decisions) == NUM_PROMPTS
-    hashes = {json.loads(f.read_text())["adapter_hash"] for f in decisions}
-    assert hashes <= {adapter_hash(str(p)) for p in pd["paths"].values()}
-    totals = sum_counters(pd["root"] / "counters")
+def test_one_prompt_under_different_adapters_never_shares_kv(pd):
+    # The first prompt was prefilled routed and naming r1 and r2 (a routed and a named request,
+    # two named adapters, one prompt): each decode loads the KV its own adapter computed.
+    setup = pd["setup"]
+    same = [(s, out) for s, out in zip(pd["sent"], pd["outs"], strict=True)
+            if s["prompt"][:-1] == pd["requests"][0]["prompt"]]
+    assert len(same) == 3 and len({s["prompt"][-1] for s, _ in same}) >= 2
+    for sent, (tokens, loaded) in same:
+        name = sent["lora"][0] if sent["lora"] else setup.choice(sent["prompt"][:-1])
+        assert tokens == _expected(setup, sent, name), name
+        assert loaded == 64  # from the transfer, not recomputed
+    folders = [f for f in (setup.root / "kv").iterdir() if not f.name.startswith(".")]
+    assert len(folders) == NUM_ROUTED + 1  # routed prompts, plus the adapter the router left out
+    assert not list((setup.root / "kv" / DECISIONS).rglob("*.json"))  # all handed to the proxy
+
+
+def test_a_request_whose_metadata_was_dropped_reads_no_routed_kv(pd):
+    # Without kv_transfer_params the decode side has no decision: it runs the base model on KV
+    # it computes itself, never on the routed adapter's KV stored for that prompt.
+    sent, (tokens, loaded) = pd["sent"][-1], pd["outs"][-1]
+    assert sent.get("dropped") and sent["lora"] is None
+    assert tokens == _expected(pd["setup"], sent, None)
+    assert loaded == 0
+
+
+def test_counters_add_up_across_both_processes(pd):
+    totals = sum_counters(pd["setup"].counters)
     by_pid = {p["pid"]: p["counts"] for p in totals.per_process}
     prefill = next(c for pid, c in by_pid.items() if pid != os.getpid())
     decode = by_pid[os.getpid()]
     assert len(by_pid) == 2
-    assert prefill["written"] == NUM_PROMPTS and prefill["read"] == 0
+    assert prefill["written"] == NUM_ROUTED and prefill["read"] == 0
     assert decode["read"] == decode["applied"] == NUM_DELIVERED and decode["unknown"] == 0
-    assert totals.undelivered == NUM_PROMPTS - NUM_DELIVERED
+    assert totals.undelivered == NUM_ROUTED - NUM_DELIVERED

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -111,3 +114,88 @@ def generate_cached(llm, prompt: list[int], lora, max_tokens: int = 8,
     (out,) = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, lora_request=[lora],
                           use_tqdm=False)
     return list(out.outputs[0].token_ids), out.num_cached_tokens
+
+
+@contextmanager
+def plugin_config_env(path: Path):
+    """MOLCAP_VLLM_PLUGIN_CONFIG=path and a fresh plugin state while the block runs."""
+    from engine_ext.vllm_plugin.config import CONFIG_ENV
+    from engine_ext.vllm_plugin.runtime import reset_state
+
+    old = os.environ.get(CONFIG_ENV)
+    os.environ[CONFIG_ENV] = str(path)
+    reset_state()
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(CONFIG_ENV, None)
+        else:
+            os.environ[CONFIG_ENV] = old
+
+
+def bump_mtime(file: Path, seconds: int = 1) -> None:
+    """Move the file's mtime forward, so the plugin's watcher re-reads it (same-second writes)."""
+    stat = file.stat()
+    os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns + seconds * 10**9))
+
+
+ROUTE_LAYER = 1
+
+
+@dataclass
+class RoutedSetup:
+    """The tiny model, two adapters above layer ROUTE_LAYER, a router head and its config."""
+
+    root: Path
+    model: torch.nn.Module
+    paths: dict[str, Path]
+    config: dict
+    """The plugin config (written to root/plugin.json)."""
+    ref: DecoderOnlyEngine
+    router: object
+    """engine_ext's router with the config's options (InEngineRouter)."""
+
+    @property
+    def config_file(self) -> Path:
+        return self.root / "plugin.json"
+
+    @property
+    def counters(self) -> Path:
+        return self.root / "counters"
+
+    @torch.no_grad()
+    def choice(self, prompt: list[int]) -> str | None:
+        """engine_ext's decision: the router on the torch core's layer-k output of the prompt."""
+        cache = self.ref.new_cache()
+        self.ref.forward(cache, torch.tensor([prompt]), None)
+        return self.router.choose(cache.boundary[0])
+
+
+def routed_setup(root: Path) -> RoutedSetup:
+    """Write the model, adapters r1/r2 (layers 2-3), a random head and plugin.json under root."""
+    from safetensors.torch import save_file
+
+    from engine_ext.vllm_plugin.config import RouterConfig, load_plugin_config
+    from engine_ext.vllm_plugin.router import InEngineRouter, create_pointer_head
+
+    model = tiny_llama(root / "model")
+    paths = {name: save_adapter(model, root / name, seed=seed, prefill_only=False,
+                                layers=(2, 3)) for name, seed in (("r1", 5), ("r2", 6))}
+    torch.manual_seed(1)  # a head whose decisions depend on the prompt
+    shape = RouterConfig(route_layer=ROUTE_LAYER, head_path="-",
+                         options=[{"adapter": None, "description_token_ids": [1]}])
+    save_file(create_pointer_head(shape, model.config.hidden_size).state_dict(),
+              str(root / "head.safetensors"))
+    config = {
+        "adapters": [{"name": n, "path": str(p)} for n, p in paths.items()],
+        "router": {"route_layer": ROUTE_LAYER, "head_path": str(root / "head.safetensors"),
+                   "options": [{"adapter": "r1", "description_token_ids": prompt_ids(90, 12)},
+                               {"adapter": "r2", "description_token_ids": prompt_ids(91, 9)}]},
+        "counter_dir": str(root / "counters"),
+    }
+    (root / "plugin.json").write_text(json.dumps(config))
+    router = InEngineRouter(load_plugin_config(root / "plugin.json").router,
+                            model.model.embed_tokens, model.config.hidden_size)
+    return RoutedSetup(root, model, paths, config,
+                       reference_engine(model, paths, route_layer=ROUTE_LAYER), router)
