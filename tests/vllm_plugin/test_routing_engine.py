@@ -3,29 +3,29 @@
 from __future__ import annotations
 
 import json
-import os
+import logging
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import save_file
+from transformers import LlamaForCausalLM
 from vllm_helpers import (
+    bump_mtime,
     create_llm,
     generate,
     generate_cached,
+    plugin_config_env,
     prompt_ids,
     reference_engine,
+    routed_setup,
     save_adapter,
     shutdown_llm,
-    tiny_llama,
 )
 
-from engine_ext.vllm_plugin.config import CONFIG_ENV, load_plugin_config
 from engine_ext.vllm_plugin.counters import sum_counters
 from engine_ext.vllm_plugin.hashing import adapter_hash
-from engine_ext.vllm_plugin.router import InEngineRouter, create_pointer_head
-from engine_ext.vllm_plugin.runtime import HASH_KEY, reset_state
+from engine_ext.vllm_plugin.runtime import HASH_KEY
 
-ROUTE_LAYER = 1
 MAX_TOKENS = 16
 
 
@@ -33,54 +33,19 @@ MAX_TOKENS = 16
 def served(tmp_path_factory):
     from vllm.lora.request import LoRARequest
 
-    root = tmp_path_factory.mktemp("routing")
-    model = tiny_llama(root / "model")
-    paths = {name: save_adapter(model, root / name, seed=seed, prefill_only=False,
-                                layers=(2, 3)) for name, seed in (("r1", 5), ("r2", 6))}
-    torch.manual_seed(1)  # a head whose decisions depend on the prompt
-    head = create_pointer_head(load_plugin_config_stub(), model.config.hidden_size)
-    save_file(head.state_dict(), str(root / "head.safetensors"))
-    config = {
-        "adapters": [{"name": n, "path": str(p)} for n, p in paths.items()],
-        "router": {"route_layer": ROUTE_LAYER, "head_path": str(root / "head.safetensors"),
-                   "options": [{"adapter": "r1", "description_token_ids": prompt_ids(90, 12)},
-                               {"adapter": "r2", "description_token_ids": prompt_ids(91, 9)}]},
-        "counter_dir": str(root / "counters"),
-    }
-    (root / "plugin.json").write_text(json.dumps(config))
-    old = os.environ.get(CONFIG_ENV)
-    os.environ[CONFIG_ENV] = str(root / "plugin.json")
-    reset_state()
-    llm = create_llm(root / "model", enable_prefix_caching=True, max_num_batched_tokens=256,
-                     max_model_len=512)
-    ref = reference_engine(model, paths, route_layer=ROUTE_LAYER)
-    plugin_config = load_plugin_config(root / "plugin.json")
-    ref_router = InEngineRouter(plugin_config.router, model.model.embed_tokens,
-                                model.config.hidden_size)
-    named = {n: LoRARequest(f"named-{n}", i + 1, str(p)) for i, (n, p) in enumerate(paths.items())}
-    yield dict(llm=llm, ref=ref, router=ref_router, named=named, paths=paths,
-               counters=root / "counters")
-    shutdown_llm(llm)
-    if old is None:
-        os.environ.pop(CONFIG_ENV, None)
-    else:
-        os.environ[CONFIG_ENV] = old
+    setup = routed_setup(tmp_path_factory.mktemp("routing"))
+    with plugin_config_env(setup.config_file):
+        llm = create_llm(setup.root / "model", enable_prefix_caching=True,
+                         max_num_batched_tokens=256, max_model_len=512)
+        # Named as in the plugin config: a user's request and a routed one share the name.
+        named = {n: LoRARequest(n, i + 1, str(p)) for i, (n, p) in enumerate(setup.paths.items())}
+        yield dict(llm=llm, ref=setup.ref, setup=setup, named=named, paths=setup.paths,
+                   counters=setup.counters, file=setup.config_file)
+        shutdown_llm(llm)
 
 
-def load_plugin_config_stub():
-    """Router shape only (the head is created before the config file exists)."""
-    from engine_ext.vllm_plugin.config import RouterConfig
-
-    return RouterConfig(route_layer=ROUTE_LAYER, head_path="-", options=[
-        {"adapter": None, "description_token_ids": [1]}])
-
-
-@torch.no_grad()
 def _reference_choice(s, prompt: list[int]) -> str | None:
-    """engine_ext's decision: the router on the torch core's layer-k output of the prompt."""
-    cache = s["ref"].new_cache()
-    s["ref"].forward(cache, torch.tensor([prompt]), None)
-    return s["router"].choose(cache.boundary[0])
+    return s["setup"].choice(prompt)
 
 
 def _written(s) -> list[dict]:
@@ -158,26 +123,92 @@ def test_metrics_endpoint_sums_the_counters(served):
     assert "molcap_route_decisions_undelivered" in text
 
 
+@contextmanager
+def _config_text(s, text: str):
+    """The running engine's plugin config replaced by `text` while the block runs."""
+    file = s["file"]
+    original = file.read_text()
+    try:
+        file.write_text(text)
+        bump_mtime(file)
+        yield
+    finally:
+        file.write_text(original)
+        bump_mtime(file, 2)
+
+
+def _with(s, **changes) -> str:
+    return json.dumps({**s["setup"].config, **changes})
+
+
 def test_config_edit_is_picked_up_by_the_running_engine(served):
     s = served
-    file = s["counters"].parent / "plugin.json"
-    original = file.read_text()
-    stat = file.stat()
-    config = json.loads(original)
-    config.pop("router")
     prompt = prompt_ids(500, 26)
-    try:
-        file.write_text(json.dumps(config))
-        os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    with _config_text(s, _with(s, router=None)):
         before = sum_counters(s["counters"]).counts["written"]
         out = generate(s["llm"], [prompt], [None], MAX_TOKENS)[0]
         assert sum_counters(s["counters"]).counts["written"] == before  # router off: not routed
         assert out == s["ref"].generate(prompt, None, max_new_tokens=MAX_TOKENS)
-    finally:
-        file.write_text(original)
-        os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2 * 10**9))
     generate(s["llm"], [prompt], [None], 2)
     assert sum_counters(s["counters"]).counts["written"] == before + 1  # router back on
+
+
+def _not_reloaded(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "config not reloaded" in r.getMessage()]
+
+
+def test_a_corrupted_config_mid_run_keeps_the_last_good_one_and_logs_once(served, caplog):
+    s = served
+    prompts = [prompt_ids(520 + i, 30) for i in range(3)]
+    truncated = s["file"].read_text()[:57]  # a half-written file
+    before = sum_counters(s["counters"]).counts["written"]
+    with caplog.at_level(logging.ERROR), _config_text(s, truncated):
+        for prompt in prompts:  # one request per step: the file is checked at every step
+            out = generate(s["llm"], [prompt], [None], MAX_TOKENS)[0]
+            assert out == s["ref"].generate(prompt, _reference_choice(s, prompt),
+                                            max_new_tokens=MAX_TOKENS)
+    assert sum_counters(s["counters"]).counts["written"] == before + len(prompts)  # still routed
+    (line,) = _not_reloaded(caplog)
+    assert str(s["file"]) in line
+
+
+def _colliding_paths(root: Path) -> tuple[Path, Path]:
+    """Two adapter folders under root whose paths share one 31-bit hash (birthday search)."""
+    seen: dict[int, Path] = {}
+    for i in range(1 << 20):
+        path = root / f"c{i}"
+        value = adapter_hash(str(path))
+        if value in seen:
+            return seen[value], path
+        seen[value] = path
+    raise AssertionError("no collision found")
+
+
+def test_a_hash_collision_is_refused_and_the_registered_adapter_keeps_its_hash(served, caplog,
+                                                                               tmp_path):
+    # The config adds an adapter whose path hashes like one already registered: refused with
+    # one error, the last good registry stays, and that hash still means the first adapter.
+    s = served
+    first, second = _colliding_paths(tmp_path)
+    # A model of its own: an engine_ext engine wraps its model's layers (s["ref"] holds these).
+    model = LlamaForCausalLM.from_pretrained(s["setup"].root / "model").eval()
+    save_adapter(model, first, seed=7, prefill_only=False)
+    save_adapter(model, second, seed=8, prefill_only=False)
+    adapters = s["setup"].config["adapters"]
+    good = _with(s, adapters=[*adapters, {"name": "ca", "path": str(first)}])
+    bad = _with(s, adapters=[*adapters, {"name": "ca", "path": str(first)},
+                             {"name": "cb", "path": str(second)}])
+    prompt = prompt_ids(540, 28)
+    carried = {HASH_KEY: adapter_hash(str(first))}
+    expected = reference_engine(model, {"ca": first}).generate(prompt, "ca",
+                                                               max_new_tokens=MAX_TOKENS)
+    with _config_text(s, good):
+        assert generate(s["llm"], [prompt], [None], MAX_TOKENS, [carried])[0] == expected
+        with caplog.at_level(logging.ERROR), _config_text(s, bad):
+            for _ in range(2):
+                assert generate(s["llm"], [prompt], [None], MAX_TOKENS, [carried])[0] == expected
+    (line,) = _not_reloaded(caplog)
+    assert "already taken by" in line and str(first) in line and str(second) in line
 
 
 def _diverging_pair(s) -> tuple[list[int], list[int]]:
@@ -245,11 +276,6 @@ def _reference_redecide(s, prompt: list[int], every: int, total: int) -> list[in
 def test_redecide_every_k_tokens_switches_like_an_explicit_handoff(served):
     s = served
     every = 4
-    file = s["counters"].parent / "plugin.json"
-    original = file.read_text()
-    stat = file.stat()
-    config = json.loads(original)
-    config["router"]["redecide_every"] = every
     switching = []
     for seed in range(700, 760):  # prompts whose route changes after some multiple of k tokens
         prompt = prompt_ids(seed, 20)
@@ -259,12 +285,8 @@ def test_redecide_every_k_tokens_switches_like_an_explicit_handoff(served):
         if len(switching) == 2:
             break
     assert switching, "no prompt whose route changes"
-    try:
-        file.write_text(json.dumps(config))
-        os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    router = {**s["setup"].config["router"], "redecide_every": every}
+    with _config_text(s, _with(s, router=router)):
         for prompt in switching:
             out = generate(s["llm"], [prompt], [None], 3 * every)[0]
             assert out == _reference_redecide(s, prompt, every, 3 * every)
-    finally:
-        file.write_text(original)
-        os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2 * 10**9))
