@@ -46,6 +46,8 @@ class Disaggregation:
             decode.num_cached_tokens = prefill.num_cached_tokens
             decode.num_replay_tokens = prefill.num_replay_tokens
             decode.is_replay_done = prefill.is_replay_done
+            decode.num_reencode_tokens = prefill.num_reencode_tokens
+            decode.num_reencode_context_tokens = prefill.num_reencode_context_tokens
             driver.advance_after_hop(decode)
 
         decode_fields = dict(fields, num_replay_tokens=0, num_reencode_tokens=0,

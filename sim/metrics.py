@@ -28,7 +28,8 @@ _TURN_COLUMNS = dict(
     conv_id="q", turn_index="q", domain="q", is_switch="q", replica="q", arrival_s="d",
     route_s="d", first_token_s="d", finish_s="d", done_s="d", num_context_tokens="q",
     num_user_tokens="q", num_output_tokens="q", num_prefill_tokens_computed="q",
-    num_cached_tokens="q", num_replay_tokens="q", num_recomputed_tokens="q",
+    num_cached_tokens="q", num_replay_tokens="q", num_reencode_tokens="q",
+    num_recomputed_tokens="q",
     num_hop_prefill_tokens="q", num_preemptions="q", adapter_load_s="d", is_routed="q",
     is_misrouted="q", routing_busy_s="d", prefill_busy_s="d", reencode_busy_s="d",
     replay_busy_s="d", decode_busy_s="d", summary_busy_s="d")
@@ -57,6 +58,8 @@ class TurnRecord:
     num_prefill_tokens_computed: int = 0
     num_cached_tokens: int = 0
     num_replay_tokens: int = 0
+    num_reencode_tokens: int = 0
+    """Encoder-window positions the answer re-encoded before its new tokens (CED)."""
     num_hop_prefill_tokens: int = 0
     num_preemptions: int = 0
     adapter_load_s: float = 0.0
@@ -86,6 +89,7 @@ class TurnRecord:
         self.num_prefill_tokens_computed = seq.num_prefill_tokens_computed
         self.num_cached_tokens = seq.num_cached_tokens
         self.num_replay_tokens = seq.num_replay_tokens if seq.is_replay_done else 0
+        self.num_reencode_tokens = min(seq.num_reencode_tokens, seq.num_reencode_context_tokens)
 
 
 MASKED_ADAPTERS = 63
@@ -141,7 +145,8 @@ class MetricsRecorder:
             t.conv_id, t.turn_index, t.domain, int(t.is_switch), t.replica, t.arrival_s,
             t.route_s, t.first_token_s, t.finish_s, now, t.num_context_tokens,
             t.num_user_tokens, t.num_output_tokens, t.num_prefill_tokens_computed,
-            t.num_cached_tokens, t.num_replay_tokens, recomputed, t.num_hop_prefill_tokens,
+            t.num_cached_tokens, t.num_replay_tokens, t.num_reencode_tokens, recomputed,
+            t.num_hop_prefill_tokens,
             t.num_preemptions, t.adapter_load_s, int(t.is_routed), int(t.is_misrouted),
             t.routing_busy_s, t.prefill_busy_s, t.reencode_busy_s, t.replay_busy_s,
             t.decode_busy_s, t.summary_busy_s)
@@ -207,6 +212,7 @@ def summarize(turns: pd.DataFrame, requests: pd.DataFrame, *, ttft_slo_s: float 
     out["num_preemptions"] = int(requests["num_preemptions"].sum())
     out["num_recomputed_tokens"] = int(turns["num_recomputed_tokens"].sum())
     out["num_replay_tokens"] = int(turns["num_replay_tokens"].sum())
+    out["num_reencode_tokens"] = int(turns["num_reencode_tokens"].sum())
     num_routed = int(turns["is_routed"].sum())
     out["num_routed_turns"] = num_routed
     out["num_misroutes"] = int(turns["is_misrouted"].sum())

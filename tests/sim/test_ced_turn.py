@@ -38,6 +38,8 @@ def test_every_turn_after_a_cached_prefix_re_encodes_the_window(kind):
     turns, answers = result.turns, result.requests[result.requests.hop == "answer"]
     assert (turns.reencode_busy_s.iloc[1:] > 0).all()
     assert turns.reencode_busy_s.iloc[0] == 0  # nothing cached: the prefill encodes it all
+    assert list(turns.num_reencode_tokens) == [0] + [w] * (len(DOMAINS) - 1)
+    assert result.summary["num_reencode_tokens"] == w * (len(DOMAINS) - 1)
     # The global KV is written once: only the new tokens (and a partial block) are prefilled.
     assert (answers.num_prefill_tokens_computed.iloc[1:] < 96 + 16 + w).all()
     # The decoder window is replayed only where it holds another adapter's KV.
@@ -77,3 +79,15 @@ def test_a_decoder_only_model_has_no_encoder_window_to_re_encode():
     config = small_config("multi_lora")
     assert config.arch.ced is None
     assert (simulate(config, serial()).turns.reencode_busy_s == 0).all()
+
+
+def test_disaggregated_prefill_workers_re_encode_and_the_turn_counts_it():
+    from sim.config import ClusterSpec, DisaggregationSpec
+    config = small_config("multi_lora", model="ced-40")
+    config = config.model_copy(update={"cluster": ClusterSpec(
+        disaggregation=DisaggregationSpec(num_prefill_workers=1, num_decode_workers=1))})
+    result = simulate(config, serial())
+    w = config.arch.ced.sliding_window_tokens
+    assert list(result.turns.num_reencode_tokens) == [0] + [w] * (len(DOMAINS) - 1)
+    sides = result.requests.groupby("hop", observed=True)["busy_reencode_s"].sum()
+    assert sides["prefill"] > 0 and sides["answer"] == 0  # the decode side is the answer
