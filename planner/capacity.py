@@ -139,6 +139,14 @@ def replica_rate_bound(scenario: Scenario, index: int, d: Deployment,
     return turns_per_s / shape.turns_per_arrival
 
 
+def smallest_rate_bound(scenario: Scenario, index: int, d: Deployment,
+                        shape: WorkloadShape) -> float:
+    """Analytical bound on what the smallest deployment of `d` serves: one replica per model,
+    the one with the largest share of the traffic saturating first (one replica's bound when a
+    single model is served)."""
+    return replica_rate_bound(scenario, index, d, shape) / float(d.shares.max())
+
+
 def gpu_specs(scenario: Scenario) -> dict[str, GpuSpec]:
     """The catalogue's GPUs plus the scenario's custom one, by name."""
     return {**GPUS, scenario.hardware.gpu_spec.name: scenario.hardware.gpu_spec}
@@ -157,7 +165,8 @@ def plan_strategy(scenario: Scenario, index: int) -> tuple[Plan, list[str]]:
         raise ValueError("workload: the capacity search needs an arrival rate "
                          "(workload.arrival_rate_per_s); all requests arrive at once")
     candidates, dropped = fitting_candidates(scenario, index, shape)
-    bounds = {d: BOUND_SLACK * replica_rate_bound(scenario, index, d, shape) for d in candidates}
+    bounds = {d: BOUND_SLACK * smallest_rate_bound(scenario, index, d, shape)
+              for d in candidates}
     s = scenario.search
     space = SearchSpace(tuple(candidates), shape.rate_per_s, gpu_prices(scenario),
                         max_num_replicas=s.max_num_replicas, seeds=tuple(range(s.num_seeds)),

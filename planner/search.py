@@ -46,6 +46,13 @@ class Deployment:
         """This shape with the fewest replicas it can have: one per model."""
         return replace(self, num_replicas=self.num_model_copies)
 
+    @property
+    def shares(self) -> np.ndarray:
+        """Each model's share of the traffic, summing to 1 (equal when none are given)."""
+        n = self.num_model_copies
+        shares = np.asarray(self.traffic_shares or (1.0,) * n, dtype=float)
+        return shares / shares.sum() if shares.sum() > 0 else np.full(n, 1.0 / n)
+
 
 def replicas_for_rate(d: Deployment, rate_per_s: float, capacity_per_s: float) -> int:
     """Replicas the rate needs when the smallest deployment of `d` serves `capacity_per_s`.
@@ -54,9 +61,7 @@ def replicas_for_rate(d: Deployment, rate_per_s: float, capacity_per_s: float) -
     smallest deployment saturates at its busiest model's single replica, so one replica serves
     capacity x the largest share of the traffic; each model then needs its own share of the
     rate over that, at least one replica."""
-    n = d.num_model_copies
-    shares = np.asarray(d.traffic_shares or (1.0,) * n, dtype=float)
-    shares = shares / shares.sum() if shares.sum() > 0 else np.full(n, 1.0 / n)
+    shares = d.shares
     per_replica = capacity_per_s * shares.max()
     needed = np.ceil(rate_per_s * shares / per_replica)
     return int(np.maximum(needed, 1).sum())

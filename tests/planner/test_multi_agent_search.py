@@ -5,6 +5,8 @@ the SLO while its replicas each carry at most 1 request/s."""
 
 import math
 
+import pytest
+
 from planner.scenario import SloConfig
 from planner.search import Deployment, SearchSpace, replicas_for_rate, search
 from sim.cluster import replica_groups
@@ -41,3 +43,36 @@ def test_equal_shares_scale_like_whole_groups_and_one_model_like_one_replica():
     # Skewed: 0.5 x 2 = 1 request/s per replica; 8, 4, 2, 2 replicas for 16/s.
     assert replicas_for_rate(AGENTS, 16.0, 2.0) == 16
     assert replicas_for_rate(AGENTS, 0.1, 2.0) == 4  # never fewer than one per agent
+
+
+def test_the_rate_bound_is_the_smallest_deployments_the_busiest_agent_saturating_first():
+    # Four agents over a Zipf-skewed workload: the smallest deployment (one replica each)
+    # serves one replica's bound over the busiest agent's share, not one replica's bound.
+    from planner.capacity import (
+        fitting_candidates,
+        replica_rate_bound,
+        smallest_rate_bound,
+        workload_shape,
+    )
+    from planner.loading import scenario_from_text
+    scenario = scenario_from_text("""
+model: llama-3.1-8b
+hardware: {gpu: H100-SXM}
+strategies:
+  - kind: multi_agent
+    adapters: [{name: a}, {name: b}, {name: c}, {name: d}]
+  - kind: multi_lora
+    adapters: [{name: a}, {name: b}, {name: c}, {name: d}]
+workload: {kind: punica, num_requests: 400, num_adapters: 4, popularity: skewed,
+           arrival_rate_per_s: 5.0}
+""", "agents.yaml")
+    shape = workload_shape(scenario)
+    (agents,), _ = fitting_candidates(scenario, 0, shape)
+    (one_model,), _ = fitting_candidates(scenario, 1, shape)
+    busiest = max(agents.traffic_shares)
+    assert agents.num_replicas == agents.num_model_copies == 4
+    assert 0.3 < busiest < 0.7 and sum(agents.traffic_shares) == pytest.approx(1.0)
+    single = replica_rate_bound(scenario, 0, agents, shape)
+    assert smallest_rate_bound(scenario, 0, agents, shape) == pytest.approx(single / busiest)
+    assert smallest_rate_bound(scenario, 1, one_model, shape) == \
+        replica_rate_bound(scenario, 1, one_model, shape)
