@@ -128,6 +128,8 @@ class Plan:
     reason: str
     chosen: Trial | None
     per_replica_rate_per_s: float
+    """Largest verified request rate one replica carries (with several models: the busiest
+    model's replica in the smallest deployment)."""
     runner_ups: tuple[Trial, ...]
     pareto_front: tuple[Trial, ...]
     trials: tuple[Trial, ...]
@@ -287,7 +289,9 @@ def search(space: SearchSpace, evaluate: Evaluate, slo: Slo) -> Plan:
                     (), front, tuple(runner.trials), capacities, tuple(pruned))
     best = ranked[0]
     base = best.deployment.smallest
-    return Plan(True, "cheapest verified deployment", best, capacities[base],
+    # What one replica serves: the smallest deployment's capacity as its busiest model sees it.
+    per_replica = capacities[base] * float(base.shares.max())
+    return Plan(True, "cheapest verified deployment", best, per_replica,
                 tuple(ranked[1:]), front, tuple(runner.trials), capacities, tuple(pruned))
 
 

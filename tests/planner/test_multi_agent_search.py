@@ -33,7 +33,8 @@ def test_replicas_follow_each_agents_share_of_the_traffic():
     plan = search(space, by_share, SLO)
     assert plan.chosen.deployment.num_replicas == 32
     assert plan.chosen.deployment.num_gpus == 32
-    assert plan.per_replica_rate_per_s == 1.0  # the smallest deployment's capacity
+    assert plan.capacities[AGENTS] == 1.0  # the smallest deployment's capacity
+    assert plan.per_replica_rate_per_s == 0.5  # what its busiest replica carries
 
 
 def test_equal_shares_scale_like_whole_groups_and_one_model_like_one_replica():
