@@ -229,10 +229,14 @@ class Engine:
         """Steps the pure-decode `plan` can repeat before a sequence finishes or KV runs out."""
         adv = self.num_tokens_per_decode_step
         bs, free = self.block_size, self.kv.num_free
-        rows = [(s.num_output_tokens - s.num_generated_tokens, s.num_computed_tokens,
-                 len(s.block_keys)) for s in plan.decodes]
-        num_steps = -(-min(r[0] for r in rows) // adv)
-        # Enough KV for the whole run (the usual case): no arrays needed.
+        remaining = [s.num_output_tokens - s.num_generated_tokens for s in plan.decodes]
+        num_steps = -(-min(remaining) // adv)
+        # A sequence holds the blocks of its computed tokens, so a run of span tokens adds at
+        # most ceil(span / bs) blocks to each: when that fits (the usual case), nothing to count.
+        if len(remaining) * -(-num_steps * adv // bs) <= free:
+            return num_steps
+        rows = [(r, s.num_computed_tokens, len(s.block_keys))
+                for r, s in zip(remaining, plan.decodes, strict=True)]
         if sum(max(0, -(-(c + min(num_steps * adv, r)) // bs) - h) for r, c, h in rows) <= free:
             return num_steps
         remaining, computed, held = np.array(rows).T

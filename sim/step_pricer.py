@@ -35,16 +35,19 @@ def reencode_span(seq) -> tuple[int, int]:
 
 
 class DecodeRun:
-    """Times of a run of identical-structure decode steps: cumulative seconds after j steps."""
+    """Times of a run of identical-structure decode steps: cumulative seconds after j steps.
+
+    `prefix[x]` is Q[x - adv] (0 below adv) for the strided prefix sum Q of the decode attention
+    table: an item at context c spends prefix[c + adv * j] - prefix[c] on attention in j steps.
+    """
 
     def __init__(self, const_s: float, contexts: np.ndarray, prefix: np.ndarray, adv: int):
         self.const_s, self.contexts, self.prefix, self.adv = const_s, contexts, prefix, adv
-        below = contexts - adv
-        self._base = np.where(below >= 0, prefix[np.maximum(below, 0)], 0.0)
+        self._base = prefix[contexts]
 
     def elapsed_s(self, num_steps: int) -> float:
         """Seconds of the first `num_steps` steps."""
-        last = self.contexts + self.adv * (num_steps - 1)
+        last = self.contexts + self.adv * num_steps
         return num_steps * self.const_s + float((self.prefix[last] - self._base).sum())
 
     def steps_to_reach(self, elapsed_s: float, max_steps: int) -> int:
@@ -53,7 +56,7 @@ class DecodeRun:
             return 1
         if max_steps * self.contexts.size <= MAX_VECTOR_SEARCH_CELLS:
             # Row k sums like elapsed_s(k + 1) does (same contiguous reduction), so the two agree.
-            last = self.contexts[None, :] + self.adv * np.arange(max_steps)[:, None]
+            last = self.contexts[None, :] + self.adv * np.arange(1, max_steps + 1)[:, None]
             ends = (np.arange(1, max_steps + 1) * self.const_s
                     + (self.prefix[last] - self._base[None, :]).sum(axis=1))
             return min(int(np.searchsorted(ends, elapsed_s, side="left")) + 1, max_steps)
@@ -195,11 +198,13 @@ class StepPricer:
         return self._table
 
     def _prefix(self, max_index: int) -> np.ndarray:
-        """Q[x] = T[x] + T[x - adv] + ... of the decode attention table T, for x <= max_index."""
+        """P[x] = Q[x - adv] (0 for x < adv), Q[x] = T[x] + T[x - adv] + ... the strided prefix
+        sum of the decode attention table T, for x <= max_index (see `DecodeRun`)."""
         if self._strided_prefix.size > max_index:
             return self._strided_prefix
         size = max(max_index + 1, 2 * self._strided_prefix.size, 4096)
         size = -(-size // self.adv) * self.adv
         table = self._decode_table(size - 1)[:size]
-        self._strided_prefix = np.cumsum(table.reshape(-1, self.adv), axis=0).reshape(-1)
+        strided = np.cumsum(table.reshape(-1, self.adv), axis=0).reshape(-1)
+        self._strided_prefix = np.concatenate((np.zeros(self.adv), strided))
         return self._strided_prefix
