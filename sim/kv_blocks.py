@@ -24,7 +24,7 @@ def _drain(iterator) -> None:
 
 
 RUN_KEY_BITS = 32
-"""Bits of a block key that hold the block index within its run."""
+"""Low bits of a block key: a run's offset (below 2**31) plus the block index (below 2**31)."""
 
 
 class KvCapacityError(RuntimeError):
@@ -51,7 +51,11 @@ class KvBlockManager:
         run_id = run_ids.get((namespace, name))
         if run_id is None:
             run_id = run_ids[namespace, name] = len(run_ids)
-        return run_id << RUN_KEY_BITS
+        # The run in the high bits keeps keys distinct; a scrambled offset in the low bits
+        # spreads runs over the dicts' slots (which the low bits pick): with the block index
+        # alone there, block j of every run would probe the same slot.
+        offset = (run_id * 2654435761) % (1 << (RUN_KEY_BITS - 1))
+        return (run_id << RUN_KEY_BITS) + offset
 
     @property
     def num_free(self) -> int:
