@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 import plotly.graph_objects as go
+import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 _CSS = """
@@ -38,7 +39,7 @@ class ReportSection:
 
     title: str
     text: str = ""
-    figures: list[go.Figure] = field(default_factory=list)
+    figures: list[go.Figure | dict] = field(default_factory=list)
     tables: list[pd.DataFrame] = field(default_factory=list)
 
 
@@ -73,7 +74,9 @@ def render_html(title: str, subtitle: str, sections: list[ReportSection],
         parts.append(f"<h2>{html.escape(section.title)}</h2>")
         if section.text:
             parts.append(f"<p>{html.escape(section.text)}</p>")
-        parts += [fig.to_html(full_html=False, include_plotlyjs=False) for fig in section.figures]
+        # Figures may be plain dicts built valid (validating big ones costs seconds).
+        parts += [pio.to_html(fig, full_html=False, include_plotlyjs=False, validate=False)
+                  for fig in section.figures]
         parts += [_table_html(df) for df in section.tables]
     versions = "".join(f"<tr><th>{k}</th><td>{html.escape(v)}</td></tr>"
                        for k, v in package_versions().items())

@@ -113,14 +113,17 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, list[tuple[str, dict, dict]
         raise ScenarioError([f"{path}:{index.line_of(('parameters',)) or '?'}: parameters: "
                              "combine: zip needs the same number of values for every parameter"])
     base = scenario_from_text_or_error(path.parent / spec.scenario, path, index)
-    problems = _single_value_problems(path, index, spec, base)
-    if problems:
-        raise ScenarioError(problems)
-    points = []
+    points, problems = [], []
     for n, (_, params) in enumerate(_combinations(spec)):
         try:
             scenario = _apply(base, params)
         except (KeyError, ValidationError) as err:
+            # Name a bad value on its own spec line when one alone breaks the base (checked at
+            # the first failing point only: a valid sweep need not validate each value twice).
+            if not problems:
+                alone = _single_value_problems(path, index, spec, base)
+                if alone:
+                    raise ScenarioError(alone) from None
             given = ", ".join(f"{f}={shorten(v)}" for f, v in params.items())
             problems += [f"{path}:{index.line_of(('parameters',)) or '?'}: parameters: the point "
                          f"{given} gives an invalid scenario: {d}" for d in _details(err)]

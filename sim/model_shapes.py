@@ -93,8 +93,26 @@ def module_shape(arch: ModelArch, module: str, layer: int) -> tuple[int, int]:
     return shapes[module]
 
 
+_PER_RANK_CACHE: dict[tuple[int, tuple], tuple[ModelArch, int]] = {}
+"""lora_weights_per_rank by (id of the arch, placements), holding the arch so its id stays its
+own: scenario validation prices every model's whole-model LoRA buffers hundreds of times."""
+MAX_PER_RANK_CACHE = 256
+
+
 def lora_weights_per_rank(arch: ModelArch, placements: list[tuple[int, str]]) -> int:
     """A and B weights per unit of rank over (layer, module) placements: sum of in + out."""
+    key = (id(arch), tuple(placements))
+    cached = _PER_RANK_CACHE.get(key)
+    if cached is not None and cached[0] is arch:  # a frozen arch: same object, same shapes
+        return cached[1]
+    if len(_PER_RANK_CACHE) >= MAX_PER_RANK_CACHE:
+        _PER_RANK_CACHE.clear()
+    value = _lora_weights_per_rank(arch, placements)
+    _PER_RANK_CACHE[key] = (arch, value)
+    return value
+
+
+def _lora_weights_per_rank(arch: ModelArch, placements: list[tuple[int, str]]) -> int:
     # Shapes depend only on (dense or MoE layer, module): price each kind once, not each pair.
     kinds = Counter((is_moe_layer(arch, layer), module) for layer, module in placements)
     first_moe = arch.moe.num_dense_layers if arch.moe is not None else 0
