@@ -1,9 +1,11 @@
 """Simulator speed: simulated requests per wall-second and peak memory, fast path vs reference.
 
 Runs a Punica-style workload (1,000-request benchmark scaled up: lognormal prompts, 128 output
-tokens, uniform mix over 8 adapters, all submitted at once, max batch 32) and a multi-turn
-conversation workload at 10k, 100k and 1M requests, each case in a fresh process so that its
-peak RSS is its own. Prints a table and writes out/bench/sim.json.
+tokens, uniform mix over 8 adapters, all submitted at once, max batch 32), a multi-turn
+conversation workload (5-turn conversations with prefix caching, 4 domains, switches) and the
+Mooncake trace slice with its prefix-block hash ids (`mooncake_workload`) at 10k, 100k and 1M
+requests, each case in a fresh process so that its peak RSS is its own. Prints a table and
+writes out/bench/sim.json.
 
 Wall seconds depend on what else the machine runs; CPU seconds (process time of the one core the
 case runs on) are the steadier measure on a shared machine, and the table gives both.
@@ -29,10 +31,47 @@ import numpy as np
 OUT = Path(__file__).resolve().parents[1] / "out" / "bench" / "sim.json"
 
 
+MOONCAKE_RATE_SCALE = 0.1
+"""The Mooncake slice's arrivals slowed tenfold (0.3 requests/s): one H100 replica serves
+about 0.4/s of its 13.7k-token prompts, so at the trace's own rate the queue only grows."""
+
+
+def mooncake_workload(num_requests: int):
+    """The Mooncake conversation trace (the repository's 1,000-row slice, or the full trace
+    under $MOLCAP_DATA_DIR) with its prefix-block hash ids, repeated end to end up to
+    `num_requests`: each copy is shifted in time and gets its own hash ids, so a copy shares
+    prefixes as the trace does, never with another copy."""
+    from dataclasses import replace
+
+    from sim.traces import TRACES_DIR, trace_workload
+
+    base = trace_workload(np.random.default_rng(0),
+                          TRACES_DIR / "mooncake_fast25" / "conversation_trace.jsonl",
+                          num_domains=8, fmt="jsonl", hash_ids_column="hash_ids",
+                          time_unit="ms", rate_scale=MOONCAKE_RATE_SCALE)
+    n = base.num_turns
+    copies = -(-num_requests // n)
+    span = float(base.conv_arrival_s[-1]) * (1 + 1 / n)
+    id_stride = 1 + max(max(ids) for ids in base.turn_hash_ids)
+    keep = slice(0, num_requests)
+    tile = lambda a: np.tile(a, copies)[keep]  # noqa: E731
+    return replace(
+        base, conv_arrival_s=(base.conv_arrival_s[None, :]
+                              + span * np.arange(copies)[:, None]).ravel()[keep],
+        conv_first_turn=np.arange(num_requests), conv_num_turns=tile(base.conv_num_turns),
+        conv_initial_tokens=tile(base.conv_initial_tokens), turn_domain=tile(base.turn_domain),
+        turn_user_tokens=tile(base.turn_user_tokens),
+        turn_reply_tokens=tile(base.turn_reply_tokens), turn_think_s=tile(base.turn_think_s),
+        turn_hash_ids=tuple(tuple(i + k * id_stride for i in ids)
+                            for k in range(copies) for ids in base.turn_hash_ids)[keep])
+
+
 def _workload(kind: str, num_requests: int):
     from sim.workloads import conversation_workload, punica_workload
 
     rng = np.random.default_rng(0)
+    if kind == "mooncake":
+        return mooncake_workload(num_requests)
     if kind == "punica":
         return punica_workload(rng, num_requests=num_requests, num_adapters=8,
                                popularity="uniform", num_output_tokens=128)
@@ -77,7 +116,8 @@ def run_case(kind: str, num_requests: int, mode: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
-    parser.add_argument("--workloads", nargs="+", default=["punica", "conversations"])
+    parser.add_argument("--workloads", nargs="+",
+                        default=["punica", "conversations", "mooncake"])
     parser.add_argument("--out", type=Path, default=OUT, help="JSON file to write")
     parser.add_argument("--reference", action="store_true",
                         help="also time the step-by-step reference at the smallest size")
