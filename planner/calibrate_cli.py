@@ -24,11 +24,6 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _interrupted() -> None:
-    errors.print("interrupted: finished samples are kept; run the same command to resume")
-    raise typer.Exit(130)
-
-
 def _progress_hook(progress: Progress, label: str):
     task = progress.add_task(label, total=None)
     return lambda done, total: progress.update(task, completed=done, total=total)
@@ -57,8 +52,6 @@ def profile(
             written = jobs.profile(out, engine=engine, device=device, gpu_kind=gpu_kind,
                                    num_repeats=repeats, quick=quick,
                                    on_progress=lambda label: _progress_hook(progress, label))
-    except KeyboardInterrupt:
-        _interrupted()
     except RuntimeError as err:
         _fail(f"calibrate profile: {err}")
     console.print(f"samples: {written}")
@@ -109,8 +102,6 @@ def validate(
             md = jobs.validate(loaded, out, num_repeats=repeats, num_requests=requests,
                                clock=clock, quick=quick,
                                on_progress=lambda label: _progress_hook(progress, label))
-    except KeyboardInterrupt:
-        _interrupted()
     except (RuntimeError, ValueError) as err:
         _fail(f"calibrate validate: {err}")
     console.print(f"table: {md} (and {md.with_suffix('.json').name})")

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from planner import interrupt  # first: it imports nothing heavy
+
+if __name__ == "__main__":  # `python -m planner.cli`: Ctrl-C while the imports below load
+    interrupt.quit_on_ctrl_c()
+
 import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Annotated
 
@@ -20,7 +26,25 @@ from planner.loading import ScenarioError, load_scenario
 from planner.scenario import Scenario
 from planner.workloads import OFFLINE_NOTE, is_offline
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+class _Program(typer.Typer):
+    """The `molcap` program: Ctrl-C, wherever it arrives, ends it with one line and exit 130
+    (see planner.interrupt); what finished is kept, and `finally` clean-ups have run."""
+
+    def __call__(self, *args, **kwargs):
+        interrupt.interrupt_on_ctrl_c()
+        try:
+            return super().__call__(*args, **kwargs)
+        except interrupt.Interrupted:
+            interrupt.ignore_ctrl_c()
+            # Not through rich: a display cut off while starting may still hold sys.stderr.
+            sys.__stderr__.write(interrupt.MESSAGE + "\n")
+            sys.exit(interrupt.INTERRUPTED_EXIT)
+        finally:
+            interrupt.ignore_ctrl_c()  # done: nothing left to interrupt in the exit hooks
+
+
+app = _Program(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan GPU capacity for serving many LoRA adapters on one base model.")
 # No markup or emoji codes: user values ("[/x]", ":x:") must print as typed, never crash.
 console = Console(soft_wrap=True, highlight=False, emoji=False, markup=False)
@@ -113,9 +137,8 @@ def run(
                 failed, total = failed + len(result.errors), total + result.num_points
                 if result.errors:
                     reports.append(result.report_path)
-    except KeyboardInterrupt:
-        errors.print("interrupted: finished points are kept; run the same command to resume")
-        raise typer.Exit(130) from None
+    except BrokenProcessPool as err:
+        _worker_died(err)
     except OSError as err:
         _cannot_write(err)
     if problems:
@@ -159,6 +182,13 @@ def _check_backend(backend: str) -> None:
                    "pip install -e '.[dist]', or use --backend local"])
 
 
+def _worker_died(err: BrokenProcessPool) -> None:
+    """A local worker process ended abruptly (killed, out of memory): one line, exit 1."""
+    errors.print(f"a local worker process died ({err}); finished points are kept; run the "
+                 "same command to resume", markup=False)
+    raise typer.Exit(FAILED_POINTS_EXIT)
+
+
 def _cannot_write(err: OSError) -> None:
     """A disk error while writing results: one line, exit 2 (what was written is kept)."""
     where = err.filename or "the output folder"
@@ -186,9 +216,8 @@ def sweep(
                                    task, completed=done, total=total))
     except ScenarioError as err:
         _fail(err.messages)
-    except KeyboardInterrupt:
-        errors.print("interrupted: finished points are kept; run the same command to resume")
-        raise typer.Exit(130) from None
+    except BrokenProcessPool as err:
+        _worker_died(err)
     except OSError as err:
         _cannot_write(err)
     console.print(f"{len(result.table)} rows, {len(result.errors)} failed points")
@@ -230,10 +259,10 @@ def _run_child(command: list[str], env: dict) -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: child.terminate())
     try:
         return child.wait()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, interrupt.Interrupted):
         child.terminate()
         child.wait(timeout=30)
-        return 130
+        return interrupt.INTERRUPTED_EXIT
     finally:
         signal.signal(signal.SIGTERM, previous)
 

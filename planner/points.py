@@ -18,6 +18,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,7 +157,8 @@ def run_points(
 def _worker_start(parent_pid: int) -> None:
     """Initializer of a local worker: Ctrl-C is the parent's to handle (it stops the workers),
     and the worker exits as soon as its parent is gone (killed, it cannot stop them)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # first: a Ctrl-C held back since birth is dropped
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     def exit_with_parent() -> None:
         while os.getppid() == parent_pid:
@@ -164,6 +166,28 @@ def _worker_start(parent_pid: int) -> None:
         os._exit(1)
 
     threading.Thread(target=exit_with_parent, name="molcap-parent-watch", daemon=True).start()
+
+
+@contextmanager
+def _ctrl_c_held_back():
+    """Start the workers in one piece: a Ctrl-C meanwhile is noted and raised when the block
+    ends (cut off half-way, the pool's own bookkeeping is left broken and its exit hook fails).
+    SIGINT is also blocked in this thread, so the workers it forks inherit the mask and a Ctrl-C
+    to the process group cannot end one before its initializer ignores it (a traceback)."""
+    in_main = threading.current_thread() is threading.main_thread()  # where handlers live
+    previous = signal.getsignal(signal.SIGINT) if in_main else None
+    noted: list[int] = []
+    if callable(previous):
+        signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if callable(previous):
+            signal.signal(signal.SIGINT, previous)
+            if noted:
+                previous(signal.SIGINT, None)
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
@@ -184,7 +208,9 @@ def _run_local(todo: list[PointTask], fn: PointFn, finish, num_workers: int | No
     pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_start,
                                initargs=(os.getpid(),))
     try:
-        futures = {pool.submit(_guarded, fn, t.payload): t for t in todo}
+        with _ctrl_c_held_back():  # workers start here; before their initializer runs, a
+            # Ctrl-C to the process group would end one with a traceback and break the pool
+            futures = {pool.submit(_guarded, fn, t.payload): t for t in todo}
         # as_completed, not a wait() loop: waiting on every pending future after each finish
         # costs the parent O(points^2), serial time that caps the speed-up of a big sweep.
         for future in as_completed(futures):
