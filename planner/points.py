@@ -193,12 +193,17 @@ def _ctrl_c_held_back():
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
     """Stop now: drop queued points and end running ones (their results are not wanted)."""
     processes = list((getattr(pool, "_processes", None) or {}).values())  # no public handle
+    manager = getattr(pool, "_executor_manager_thread", None)  # shutdown() drops its handle
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         process.terminate()
     for process in processes:
         process.join(timeout=5)
-    pool.shutdown(wait=True)  # joins the manager thread now, not in a racing exit hook
+    if manager is not None:
+        # It sees the workers gone and closes the pool's pipes. Joined now, not left running
+        # into the interpreter's exit hook, which pokes one of those pipes without a lock
+        # (a traceback: "OSError: Bad file descriptor" in concurrent.futures._python_exit).
+        manager.join(timeout=10)
 
 
 def _run_local(todo: list[PointTask], fn: PointFn, finish, num_workers: int | None) -> None:

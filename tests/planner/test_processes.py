@@ -24,6 +24,8 @@ tasks = [PointTask(f"t{i}", {"folder": str(folder), "seconds": s}) for i, s in e
 try:
     run_points(tasks, slow_point, PointStore(folder / "points"), backend="local", num_workers=2)
 except KeyboardInterrupt:
+    import threading  # the pool's manager thread must not be left running into the exit hooks
+    print("threads left:", [t.name for t in threading.enumerate()])
     sys.exit(130)
 """
 SLOW = 120.0
@@ -81,8 +83,9 @@ def test_sigint_to_the_parent_alone_stops_promptly_and_keeps_finished_points(tmp
                         and len(worker_pids(tmp_path)) == 2)
         assert wait_for(lambda: len(set(worker_pids(tmp_path))) >= 2)
         os.kill(parent.pid, signal.SIGINT)  # the parent only, not its process group
-        _, err = parent.communicate(timeout=SLOW / 4)  # long before a slow point could end
+        out, err = parent.communicate(timeout=SLOW / 4)  # long before a slow point could end
         assert parent.returncode == 130 and "Traceback" not in err, err
+        assert "threads left: ['MainThread']" in out, out
         assert sorted(p.name for p in (tmp_path / "points").glob("t*.json")) == [
             "t0.json", "t1.json"]
         assert wait_for(lambda: not any(alive(pid) for pid in worker_pids(tmp_path)), 30)
