@@ -56,4 +56,3 @@ def interrupt_on_ctrl_c() -> None:
 def ignore_ctrl_c() -> None:
     """The command has finished: nothing is left to interrupt."""
     _set(signal.SIG_IGN)
-

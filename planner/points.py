@@ -171,9 +171,9 @@ def _worker_start(parent_pid: int) -> None:
 @contextmanager
 def _ctrl_c_held_back():
     """Start the workers in one piece: a Ctrl-C meanwhile is noted and raised when the block
-    ends (cut off half-way, the pool's own bookkeeping is left broken and its exit hook fails).
-    SIGINT is also blocked in this thread, so the workers it forks inherit the mask and a Ctrl-C
-    to the process group cannot end one before its initializer ignores it (a traceback)."""
+    ends (cut off between a fork and its bookkeeping, a worker would never be stopped). SIGINT
+    is also blocked in this thread, so the workers it forks inherit the mask and a Ctrl-C to
+    the process group cannot end one before its initializer ignores it (a traceback)."""
     in_main = threading.current_thread() is threading.main_thread()  # where handlers live
     previous = signal.getsignal(signal.SIGINT) if in_main else None
     noted: list[int] = []
@@ -213,8 +213,7 @@ def _run_local(todo: list[PointTask], fn: PointFn, finish, num_workers: int | No
     pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_start,
                                initargs=(os.getpid(),))
     try:
-        with _ctrl_c_held_back():  # workers start here; before their initializer runs, a
-            # Ctrl-C to the process group would end one with a traceback and break the pool
+        with _ctrl_c_held_back():  # the workers start here
             futures = {pool.submit(_guarded, fn, t.payload): t for t in todo}
         # as_completed, not a wait() loop: waiting on every pending future after each finish
         # costs the parent O(points^2), serial time that caps the speed-up of a big sweep.

@@ -77,7 +77,8 @@ def _molcap_run(tmp_path: Path, *files: Path) -> subprocess.Popen:
         [sys.executable, "-m", "planner.cli", "run", *map(str, files), "--out",
          str(tmp_path / "out"), "--workers", "1"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
+        start_new_session=True,  # run from a background job, Ctrl-C would be ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def test_interrupted_run_resumes_without_recomputing(tmp_path):

@@ -1,6 +1,7 @@
 """Ctrl-C to `molcap run`'s process group ends it with one line on stderr and exit 130, no
 traceback, whenever it arrives (README "The CLI"): here while the CLI's imports load, while
-the command starts, as the local worker starts and while its first point runs."""
+the command starts, as the local worker starts and while its first point runs. A local
+worker that dies (killed) ends the run with one line and exit 1."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 from test_capacity import SMALL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,42 +41,71 @@ def _importing_the_cli(process: subprocess.Popen) -> bool:
         return False
 
 
+def _children(process: subprocess.Popen) -> list[int]:
+    """Pids of the processes `process` started (its local workers)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # ended meanwhile
+        if parent == process.pid:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
 def _has_worker(process: subprocess.Popen) -> bool:
-    try:
-        return bool(psutil.Process(process.pid).children())
-    except psutil.NoSuchProcess:
+    return bool(_children(process))
+
+
+def _alive(pid: int) -> bool:
+    try:  # a zombie has exited
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
         return False
 
 
-PHASES = {  # name: (what to wait for, seconds after it)
-    "cli imports": (_importing_the_cli, 0.0),
-    "command start": (_importing_the_cli, 0.6),
-    "worker start": (_has_worker, 0.0),
-    "first point": (_has_worker, 0.6),
+def _ctrl_c(process: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):  # ended early: asserted below
+        os.killpg(process.pid, signal.SIGINT)  # to the process group, as a terminal does
+
+
+def _kill_worker(process: subprocess.Popen) -> None:
+    for pid in _children(process):
+        os.kill(pid, signal.SIGKILL)
+
+
+CASES = {  # name: (wait for, seconds after it, then, exit code, the one line starts with)
+    "ctrl-c in cli imports": (_importing_the_cli, 0.0, _ctrl_c, 130, "interrupted"),
+    "ctrl-c in command start": (_importing_the_cli, 0.6, _ctrl_c, 130, "interrupted"),
+    "ctrl-c in worker start": (_has_worker, 0.0, _ctrl_c, 130, "interrupted"),
+    "ctrl-c in first point": (_has_worker, 0.6, _ctrl_c, 130, "interrupted"),
+    "worker killed": (_has_worker, 0.6, _kill_worker, 1, "a local worker process died"),
 }
 
 
-def test_ctrl_c_in_every_phase_gives_one_line_and_exit_130(tmp_path):
-    runs = {name: _start(tmp_path, name.replace(" ", "_")) for name in PHASES}
+def test_ctrl_c_in_every_phase_or_a_dead_worker_ends_with_one_line(tmp_path):
+    runs = {name: _start(tmp_path, name.replace(" ", "_")) for name in CASES}
     pending, deadline, workers = dict(runs), time.monotonic() + 240, {}
     seen: dict[str, float] = {}
     while pending and time.monotonic() < deadline:
         for name, process in list(pending.items()):
-            condition, after = PHASES[name]
+            condition, after, then = CASES[name][:3]
             if name not in seen and (condition(process) or process.poll() is not None):
                 seen[name] = time.monotonic()
             if name in seen and time.monotonic() >= seen[name] + after:
-                workers[name] = psutil.Process(process.pid).children() if _has_worker(
-                    process) else []
-                with contextlib.suppress(ProcessLookupError):  # ended early: asserted below
-                    os.killpg(process.pid, signal.SIGINT)  # Ctrl-C
+                workers[name] = _children(process)
+                then(process)
                 del pending[name]
-        time.sleep(0.01)
+        time.sleep(0.05)
     ended = {}
     for name, process in runs.items():
         _, err = process.communicate(timeout=120)
-        gone, alive = psutil.wait_procs(workers.get(name, []), timeout=30)
+        end = time.monotonic() + 30
+        while any(map(_alive, workers.get(name, []))) and time.monotonic() < end:
+            time.sleep(0.1)
+        alive = [pid for pid in workers.get(name, []) if _alive(pid)]
         lines = err.strip().splitlines()
-        one_line = len(lines) == 1 and lines[0].startswith("interrupted") and "resume" in lines[0]
+        one_line = len(lines) == 1 and lines[0].startswith(CASES[name][4])
         ended[name] = (process.returncode, one_line or err, len(alive))
-    assert ended == {name: (130, True, 0) for name in PHASES}  # exit, stderr, workers left
+    assert ended == {name: (case[3], True, 0) for name, case in CASES.items()}
