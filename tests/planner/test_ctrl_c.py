@@ -24,11 +24,17 @@ def _ctrl_c_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+MODULE = [sys.executable, "-m", "planner.cli"]
+SCRIPT = [sys.executable, "-c", "import sys; from planner.launch import main; sys.exit(main())"]
+"""What the `molcap` console script runs (pyproject.toml [project.scripts])."""
+
+
 def _start(tmp_path: Path, name: str) -> subprocess.Popen:
     scenario = tmp_path / "small.yaml"
     scenario.write_text(SMALL)
+    command = SCRIPT if name.endswith("script") else MODULE
     return subprocess.Popen(
-        [sys.executable, "-m", "planner.cli", "run", str(scenario), "--out",
+        [*command, "run", str(scenario), "--out",
          str(tmp_path / name), "--workers", "1"], cwd=ROOT, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_ctrl_c_default)
 
@@ -77,6 +83,8 @@ def _kill_worker(process: subprocess.Popen) -> None:
 
 CASES = {  # name: (wait for, seconds after it, then, exit code, the one line starts with)
     "ctrl-c in cli imports": (_importing_the_cli, 0.0, _ctrl_c, 130, "interrupted"),
+    "ctrl-c in cli imports, console script": (
+        _importing_the_cli, 0.0, _ctrl_c, 130, "interrupted"),
     "ctrl-c in command start": (_importing_the_cli, 0.6, _ctrl_c, 130, "interrupted"),
     "ctrl-c in worker start": (_has_worker, 0.0, _ctrl_c, 130, "interrupted"),
     "ctrl-c in first point": (_has_worker, 0.6, _ctrl_c, 130, "interrupted"),
@@ -85,7 +93,7 @@ CASES = {  # name: (wait for, seconds after it, then, exit code, the one line st
 
 
 def test_ctrl_c_in_every_phase_or_a_dead_worker_ends_with_one_line(tmp_path):
-    runs = {name: _start(tmp_path, name.replace(" ", "_")) for name in CASES}
+    runs = {name: _start(tmp_path, name.replace(" ", "_").replace(",", "")) for name in CASES}
     pending, deadline, workers = dict(runs), time.monotonic() + 240, {}
     seen: dict[str, float] = {}
     while pending and time.monotonic() < deadline:
