@@ -6,7 +6,8 @@
 With --train it first runs `python -m engine_ext.routers.train` (the remaining arguments go to
 it; run it under `nice -n 10` on a shared machine), which trains every router with 5 seeds and
 writes one card per router; then it reads the cards, prints the table (markdown) and the MoL2
-mixed-vs-staged table, and writes the same rows as JSON. Accuracy is the test-split mean over
+mixed-vs-staged table, and writes the same rows as JSON and the tables as markdown side by side
+(`--out docs/router_table.json` for the committed copy). Accuracy is the test-split mean over
 seeds +- the sample standard deviation; times are per request on the card's hardware (wall, and
 the deciding thread's CPU time, which a loaded machine disturbs less).
 """
@@ -37,6 +38,8 @@ def card_rows(card: RouterCard) -> list[dict]:
                          standalone_p50_ms=s.standalone.p50_ms if s.standalone else None,
                          prefill_tokens=s.work.num_prefill_tokens,
                          decode_tokens=s.work.num_decode_tokens,
+                         cached_prefix_tokens=s.work.num_cached_prefix_tokens,
+                         num_timed=d.num_requests,
                          train_seconds=s.train_seconds_mean,
                          load_average=card.hardware.load_average[0]))
     return rows
@@ -46,10 +49,16 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
+def _work(row: dict) -> str:
+    cached = row.get("cached_prefix_tokens") or 0
+    text = f"{row['prefill_tokens']}+{row['decode_tokens']}"
+    return text + (f" (+{cached} cached)" if cached else "")
+
+
 def table(rows: list[dict]) -> str:
     """Markdown table of the rows."""
     head = ("| router | model (layer) | params | setting | options | test | accuracy (5 seeds) "
-            "| p50 / p99 ms | p50 CPU ms | batched p50 ms | out-of-engine p50 ms | work "
+            "| p50 / p99 ms (timed) | p50 CPU ms | batched p50 ms | out-of-engine p50 ms | work "
             "(prefill+decode tok) | train s/seed | load |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -57,9 +66,10 @@ def table(rows: list[dict]) -> str:
             f"| {r['router']} | {r['model']} ({r['routing_layer']}) | {r['num_params']:,} | "
             f"{r['setting']} | {r['num_options']} | {r['num_test']} | "
             f"{100 * r['accuracy_mean']:.1f} +- {100 * r['accuracy_std']:.1f}% | "
-            f"{_ms(r['p50_ms'])} / {_ms(r['p99_ms'])} | {_ms(r['p50_cpu_ms'])} | "
+            f"{_ms(r['p50_ms'])} / {_ms(r['p99_ms'])} ({r['num_timed']}) | "
+            f"{_ms(r['p50_cpu_ms'])} | "
             f"{_ms(r['batched_p50_ms'])} (x{r['batch_size']}) | {_ms(r['standalone_p50_ms'])} | "
-            f"{r['prefill_tokens']}+{r['decode_tokens']} | {r['train_seconds']:.0f} | "
+            f"{_work(r)} | {r['train_seconds']:.0f} | "
             f"{r['load_average']:.1f} |")
     return "\n".join(lines)
 
@@ -104,12 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = [row for c in cards for row in card_rows(c)]
     regimes = [row for c in cards for row in regime_rows(c)]
-    print(table(rows))
+    text = table(rows)
     if regimes:
-        print("\nMoL2 training regimes (test accuracy):\n" + regime_table(regimes))
+        text += "\n\nMoL2 training regimes (test accuracy):\n" + regime_table(regimes)
+    print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"routers": rows, "regimes": regimes}, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+    args.out.with_suffix(".md").write_text(text + "\n")
+    print(f"\nwrote {args.out} and {args.out.with_suffix('.md')}")
     return 0
 
 

@@ -58,6 +58,9 @@ class DecisionWork(FrozenModel):
     num_tokens_per_option: float = Field(default=0.0, ge=0)
     """Mean description tokens per option (Contextual MoL encodes them per decision, MoL2 once
     at start-up; 0 where not recorded)."""
+    num_cached_prefix_tokens: int = Field(default=0, ge=0)
+    """Tokens of a prompt prefix shared by every decision of the option set, prefilled once and
+    read from cache (MoL L0's option list): attended to per decision, not recomputed."""
 
 
 class SettingResult(FrozenModel):

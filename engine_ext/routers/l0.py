@@ -1,11 +1,16 @@
 """MoL L0: a LoRA on SmolLM2 that decodes the domain label from a route prompt listing the options.
 
-Decision = prefill of the route prompt under L0, then greedy decode of the label up to a newline.
+The route prompt is `<prefix><request>`: the prefix lists the options and is the same for every
+request of one option set, so it is prefilled once, by the base model (no adapter), and its KV
+in every layer is shared by all decisions (a prefix cache, like an engine's). A decision is the
+prefill of the request part `" <turn>\\nDomain:"` under L0, attending to the cached prefix, then
+greedy decode of the label up to a newline. L0 acts on the request and label positions only.
+
 The LoRA sits on the layers above the routing layer k only (as the serving adapters do), so the
-layers 0..k see the route prompt without any adapter: their output is computed once per sample
-(no gradient, cached in memory) and training runs only layers k+1.. and the LM head at the label
-positions (teacher forcing). The prompt has no reason field: the label alone is decoded, and the
-card's decode work counts exactly those tokens.
+layers 0..k see the request without any adapter: their output is computed once per sample
+(cached in memory) and training runs only layers k+1.. and the LM head at the label positions
+(teacher forcing), over the cached prefix KV. The prompt has no reason field: the label alone is
+decoded, and the card's decode work counts exactly those tokens.
 """
 
 from __future__ import annotations
@@ -32,25 +37,56 @@ def route_prefix(option_names: tuple[str, ...]) -> str:
 
 
 @dataclass(frozen=True)
-class RouteSample:
-    """Token ids of one route prompt and of its label continuation (label + newline)."""
+class RoutePrompts:
+    """Token ids of one option set's prefix, and per sample the request part and the label."""
 
-    prompt: list[int]
-    target: list[int]
+    prefix: list[int]
+    requests: list[list[int]]
+    """' <text>\\nDomain:' per sample."""
+    targets: list[list[int]]
+    """' <option>\\n' per sample (the label continuation)."""
+
+    def prompt(self, i: int) -> list[int]:
+        """Sample i's whole route prompt."""
+        return self.prefix + self.requests[i]
 
 
-def route_samples(tokenizer, option_names: tuple[str, ...], texts: tuple[str, ...],
-                  labels: tuple[int, ...]) -> list[RouteSample]:
-    """Prompt '<prefix> <text>\\nDomain:' and target ' <option>\\n', tokenized piecewise."""
-    prefix = turn_ids(tokenizer, route_prefix(option_names))
-    return [RouteSample(prefix + turn_ids(tokenizer, f" {text}\nDomain:"),
-                        turn_ids(tokenizer, f" {option_names[label]}\n"))
-            for text, label in zip(texts, labels, strict=True)]
+def route_prompts(tokenizer, option_names: tuple[str, ...], texts: tuple[str, ...],
+                  labels: tuple[int, ...]) -> RoutePrompts:
+    """The prompts of `texts`, tokenized piecewise (prefix, request, label)."""
+    return RoutePrompts(turn_ids(tokenizer, route_prefix(option_names)),
+                        [turn_ids(tokenizer, f" {t}\nDomain:") for t in texts],
+                        [turn_ids(tokenizer, f" {option_names[y]}\n")
+                         for y in labels[: len(texts)]])
+
+
+@dataclass(frozen=True)
+class PrefixCache:
+    """The prefix's KV in every layer under the base model [1, H_kv, P, hd], and its ids."""
+
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    tokens: torch.Tensor
+
+    def cache(self, batch: int, upper_from: int | None = None) -> DecoderCache:
+        """A decoder cache holding the prefix for `batch` sequences (views, no copy); with
+        upper_from, only layers >= upper_from hold it (the rest are left empty)."""
+        kv = [(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
+              if upper_from is None or i >= upper_from else None
+              for i, (k, v) in enumerate(self.kv)]
+        return DecoderCache(kv=kv, tokens=self.tokens.expand(batch, -1))
+
+
+@torch.no_grad()
+def prefix_cache(engine: DecoderOnlyEngine, prefix: list[int]) -> PrefixCache:
+    """Prefill the prefix once, adapter-free, through every layer."""
+    cache = engine.new_cache(1)
+    engine.forward(cache, torch.tensor([prefix]), None, last_only=True)
+    return PrefixCache(kv=list(cache.kv), tokens=cache.tokens)
 
 
 @dataclass
 class LowerStates:
-    """Layer-k output of padded prompt+target sequences, with the label-loss mask."""
+    """Layer-k output of padded request+label sequences after the prefix, with the loss mask."""
 
     states: torch.Tensor
     """[N, T, D] output of layer k (adapter-free)."""
@@ -61,38 +97,46 @@ class LowerStates:
 
 
 @torch.no_grad()
-def lower_states(engine: DecoderOnlyEngine, samples: list[RouteSample],
+def lower_states(engine: DecoderOnlyEngine, prefix: PrefixCache, prompts: RoutePrompts,
                  batch: int = 16) -> LowerStates:
-    """Teacher-forced sequences through layers 0..k, once."""
-    seqs = [s.prompt + s.target for s in samples]
+    """Teacher-forced request+label sequences through layers 0..k after the prefix, once."""
+    seqs = [r + t for r, t in zip(prompts.requests, prompts.targets, strict=True)]
     tokens, real = pad_token_lists(seqs)
     mask = torch.zeros_like(real)
-    for i, s in enumerate(samples):
-        mask[i, len(s.prompt) - 1 : len(s.prompt) + len(s.target) - 1] = True
-    states = torch.cat([engine.prefill_shared(engine.new_cache(len(tokens[i : i + batch])),
+    for i, r in enumerate(prompts.requests):
+        mask[i, len(r) - 1 : len(seqs[i]) - 1] = True
+    states = torch.cat([engine.prefill_shared(prefix.cache(len(tokens[i : i + batch])),
                                               tokens[i : i + batch])
                         for i in range(0, len(tokens), batch)])
     return LowerStates(states, tokens, mask)
 
 
-def upper_label_loss(engine: DecoderOnlyEngine, lower: LowerStates, pick: torch.Tensor,
-                     adapter: str | None) -> torch.Tensor:
-    """Cross-entropy (nats) of the label tokens, running layers k+1.. from the cached states."""
-    states, tokens, mask = lower.states[pick], lower.tokens[pick], lower.loss_mask[pick]
-    b, t = tokens.shape
-    cache = DecoderCache(kv=[None] * len(engine.layers), tokens=tokens, boundary=states)
-    positions = torch.arange(t)
-    ctx = engine.registry.context([adapter] * b, positions.expand(b, t), [t] * b)
+def _upper(engine: DecoderOnlyEngine, prefix: PrefixCache, states: torch.Tensor,
+           adapter: str | None, cache: DecoderCache | None = None) -> torch.Tensor:
+    """Layers k+1.. under `adapter` over layer-k states [B, T, D] placed after the prefix."""
+    b, t, _ = states.shape
+    cache = cache or prefix.cache(b, upper_from=engine.route_layer + 1)
+    p = prefix.tokens.shape[1]
+    positions = torch.arange(p, p + t)
+    ctx = engine.registry.context([adapter] * b, positions.expand(b, t), [p + t] * b)
     with forward_context(ctx):
-        h = engine._run_layers(states, cache, engine.route_layer + 1, len(engine.layers),
-                               positions)
+        return engine._run_layers(states, cache, engine.route_layer + 1, len(engine.layers),
+                                  positions)
+
+
+def upper_label_loss(engine: DecoderOnlyEngine, prefix: PrefixCache, lower: LowerStates,
+                     pick: torch.Tensor, adapter: str | None) -> torch.Tensor:
+    """Cross-entropy (nats) of the label tokens, running layers k+1.. from the cached states."""
+    tokens, mask = lower.tokens[pick], lower.loss_mask[pick]
+    h = _upper(engine, prefix, lower.states[pick], adapter)
     logits = engine.hf.lm_head(engine.hf.model.norm(h[:, :-1][mask[:, :-1]]))
     return F.cross_entropy(logits, tokens[:, 1:][mask[:, :-1]])
 
 
-def train_l0(engine: DecoderOnlyEngine, spec: LoraSpec, lower: LowerStates, *, steps: int,
-             batch: int, lr: float, seed: int) -> tuple[LoraWeights, list[float]]:
-    """A fresh LoRA (seeded) trained on the label loss; the engine's registry is left as it was."""
+def train_l0(engine: DecoderOnlyEngine, spec: LoraSpec, prefix: PrefixCache, lower: LowerStates,
+             *, steps: int, batch: int, lr: float, seed: int) -> tuple[LoraWeights, list[float]]:
+    """A fresh LoRA (seeded) trained on the label loss with AdamW and a one-cycle schedule; the
+    engine's registry is left as it was."""
     model = engine.hf
     apply_lora(model, spec, max_loras=engine.registry.max_loras,
                max_lora_rank=engine.registry.max_lora_rank)
@@ -104,15 +148,17 @@ def train_l0(engine: DecoderOnlyEngine, spec: LoraSpec, lower: LowerStates, *, s
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
     order = torch.randperm(len(lower.tokens), generator=gen)
     losses = []
     try:
         for step in range(steps):
             pick = order[(torch.arange(batch) + step * batch) % len(order)]
-            loss = upper_label_loss(engine, lower, pick, TRAIN_SLOT_NAME)
+            loss = upper_label_loss(engine, prefix, lower, pick, TRAIN_SLOT_NAME)
             opt.zero_grad()
             loss.backward()
             opt.step()
+            sched.step()
             losses.append(loss.item())
         return extract_slot(model, spec, slot), losses
     finally:
@@ -121,23 +167,51 @@ def train_l0(engine: DecoderOnlyEngine, spec: LoraSpec, lower: LowerStates, *, s
         engine.registry.remove(TRAIN_SLOT_NAME)
 
 
-@torch.no_grad()
-def prompt_caches(engine: DecoderOnlyEngine, samples: list[RouteSample]) -> list[DecoderCache]:
-    """Layers 0..k of each route prompt (adapter-free, so shared by every trained L0)."""
-    caches = []
-    for s in samples:
-        cache = engine.new_cache(1)
-        engine.prefill_shared(cache, torch.tensor([s.prompt]))
-        caches.append(cache)
-    return caches
+@dataclass
+class RequestLower:
+    """One request's layers 0..k after the prefix (adapter-free: shared by every trained L0)."""
+
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    """Layers 0..k: the request positions' own KV [1, H_kv, T, hd]."""
+    states: torch.Tensor
+    """[1, T, D] output of layer k."""
+    tokens: torch.Tensor
 
 
 @torch.no_grad()
-def decode_label(engine: DecoderOnlyEngine, lower: DecoderCache, adapter: str,
-                 stop_id: int) -> list[int]:
-    """Greedy label tokens after a prompt whose layers 0..k are in `lower` (left unchanged)."""
-    cache = DecoderCache(kv=list(lower.kv), tokens=lower.tokens, boundary=lower.boundary)
-    logits = engine.handoff_above(cache, adapter, last_only=True)[:, -1]
+def request_lowers(engine: DecoderOnlyEngine, prefix: PrefixCache,
+                   prompts: RoutePrompts) -> list[RequestLower]:
+    """Layers 0..k of each request after the prefix, keeping only the request's own KV."""
+    p, out = prefix.tokens.shape[1], []
+    for request in prompts.requests:
+        cache = prefix.cache(1, upper_from=None)
+        tokens = torch.tensor([request])
+        h = engine.prefill_shared(cache, tokens)
+        kv = [(k[:, :, p:].clone(), v[:, :, p:].clone())
+              for k, v in cache.kv[: engine.route_layer + 1]]
+        out.append(RequestLower(kv=kv, states=h, tokens=tokens))
+    return out
+
+
+@torch.no_grad()
+def request_logits(engine: DecoderOnlyEngine, prefix: PrefixCache, lower: RequestLower,
+                   adapter: str) -> tuple[torch.Tensor, DecoderCache]:
+    """Logits [1, V] after the request (layers k+1.. under `adapter` from the cached states)
+    and the cache holding the prefix and the request in every layer."""
+    k = engine.route_layer
+    kv = [(torch.cat([pk, rk], 2), torch.cat([pv, rv], 2))
+          for (pk, pv), (rk, rv) in zip(prefix.kv[: k + 1], lower.kv, strict=True)]
+    cache = DecoderCache(kv=kv + list(prefix.kv[k + 1 :]),
+                         tokens=torch.cat([prefix.tokens, lower.tokens], 1))
+    h = _upper(engine, prefix, lower.states, adapter, cache)
+    return engine.hf.lm_head(engine.hf.model.norm(h[:, -1:]))[:, -1], cache
+
+
+@torch.no_grad()
+def decode_label(engine: DecoderOnlyEngine, prefix: PrefixCache, lower: RequestLower,
+                 adapter: str, stop_id: int) -> list[int]:
+    """Greedy label tokens of one request whose layers 0..k are in `lower`."""
+    logits, cache = request_logits(engine, prefix, lower, adapter)
     prompt_len, out = cache.num_positions, []
     for _ in range(MAX_LABEL_TOKENS):
         nxt = int(logits.argmax(-1))
@@ -149,30 +223,33 @@ def decode_label(engine: DecoderOnlyEngine, lower: DecoderCache, adapter: str,
     return out
 
 
-def l0_accuracy(engine: DecoderOnlyEngine, tokenizer, adapter: str, caches: list[DecoderCache],
-                option_names: tuple[str, ...], labels: tuple[int, ...]) -> float:
-    """Share of prompts whose decoded label is exactly the labelled option."""
+def l0_accuracy(engine: DecoderOnlyEngine, tokenizer, adapter: str, prefix: PrefixCache,
+                lowers: list[RequestLower], option_names: tuple[str, ...],
+                labels: tuple[int, ...]) -> float:
+    """Share of requests whose decoded label is exactly the labelled option."""
     stop_id = turn_ids(tokenizer, "\n")[-1]
     hits = 0
-    for cache, label in zip(caches, labels, strict=True):
-        text = tokenizer.decode(decode_label(engine, cache, adapter, stop_id)).strip()
+    for lower, label in zip(lowers, labels, strict=True):
+        text = tokenizer.decode(decode_label(engine, prefix, lower, adapter, stop_id)).strip()
         hits += text == option_names[label]
     return hits / len(labels)
 
 
 @torch.no_grad()
-def time_decision(engine: DecoderOnlyEngine, tokenizer, adapter: str, sample: RouteSample,
-                  batch: int) -> float:
-    """Seconds for `batch` copies of one full decision: prompt prefill + label decode."""
+def time_decision(engine: DecoderOnlyEngine, tokenizer, adapter: str, prefix: PrefixCache,
+                  prompts: RoutePrompts, i: int, batch: int) -> float:
+    """Seconds for `batch` copies of one full decision over the cached prefix: the request's
+    prefill under L0 (every layer) + the label decode."""
     stop_id = turn_ids(tokenizer, "\n")[-1]
     start = time.perf_counter()
-    cache = engine.new_cache(batch)
-    prompt = torch.tensor([sample.prompt] * batch)
-    logits = engine.forward(cache, prompt, adapter, last_only=True)[:, -1]
-    for _ in range(len(sample.target)):
+    cache = prefix.cache(batch)
+    prompt_len = prefix.tokens.shape[1] + len(prompts.requests[i])
+    logits = engine.forward(cache, torch.tensor([prompts.requests[i]] * batch), adapter,
+                            last_only=True)[:, -1]
+    for _ in range(len(prompts.targets[i])):
         nxt = logits.argmax(-1, keepdim=True)  # [B, 1]
         if int(nxt[0, 0]) == stop_id:
             break
-        logits = engine.forward(cache, nxt, adapter, prompt_len=len(sample.prompt),
+        logits = engine.forward(cache, nxt, adapter, prompt_len=prompt_len,
                                 last_only=True)[:, -1]
     return time.perf_counter() - start

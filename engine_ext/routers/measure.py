@@ -44,16 +44,18 @@ def _timed(time_one: Callable[[int, int], float], item: int, batch: int) -> tupl
     return 1e3 * wall / batch, 1e3 * (time.thread_time() - cpu) / batch
 
 
-def measure(time_one: Callable[[int, int], float], num_items: int, includes: str) -> DecisionTime:
+def measure(time_one: Callable[[int, int], float], num_items: int, includes: str, *,
+            num_timed: int = NUM_TIMED, num_batches: int = NUM_BATCHES,
+            batch_size: int = BATCH_SIZE) -> DecisionTime:
     """time_one(item, batch) -> wall seconds for `batch` copies of item's decision.
 
-    Batch 1: NUM_TIMED items after two warm-up calls; batched: NUM_BATCHES batches of
-    BATCH_SIZE, per-request time = batch time / BATCH_SIZE. Wall and thread CPU time both.
+    Batch 1: num_timed items after two warm-up calls; batched: num_batches batches of
+    batch_size, per-request time = batch time / batch_size. Wall and thread CPU time both.
     """
-    time_one(0, 1), time_one(0, BATCH_SIZE)  # warm-up (allocator, first-call paths)
-    single = np.array([_timed(time_one, i % num_items, 1) for i in range(NUM_TIMED)])
-    batched = np.array([_timed(time_one, i % num_items, BATCH_SIZE)
-                        for i in range(NUM_BATCHES)])
+    time_one(0, 1), time_one(0, batch_size)  # warm-up (allocator, first-call paths)
+    single = np.array([_timed(time_one, i % num_items, 1) for i in range(num_timed)])
+    batched = np.array([_timed(time_one, i % num_items, batch_size)
+                        for i in range(num_batches)])
 
     def pct(values: np.ndarray, q: float) -> float:
         return float(np.percentile(values, q))
@@ -61,7 +63,7 @@ def measure(time_one: Callable[[int, int], float], num_items: int, includes: str
     return DecisionTime(p50_ms=pct(single[:, 0], 50), p99_ms=pct(single[:, 0], 99),
                         batched_p50_ms=pct(batched[:, 0], 50),
                         batched_p99_ms=pct(batched[:, 0], 99),
-                        batch_size=BATCH_SIZE, num_requests=NUM_TIMED, includes=includes,
+                        batch_size=batch_size, num_requests=num_timed, includes=includes,
                         p50_cpu_ms=pct(single[:, 1], 50), p99_cpu_ms=pct(single[:, 1], 99),
                         batched_p50_cpu_ms=pct(batched[:, 1], 50))
 

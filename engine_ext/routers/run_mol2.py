@@ -1,4 +1,5 @@
-"""MoL2 on SmolLM2's layer k: pointer heads per setting and seed, regimes, timing, card rows."""
+"""MoL2 on a backbone (SmolLM2's layer k, the CED model's H19): heads per setting and seed,
+regimes, timing, card rows."""
 
 from __future__ import annotations
 
@@ -8,15 +9,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from engine_ext.routers.backbones import Backbone
 from engine_ext.routers.datasets import RoutingSet
 from engine_ext.routers.measure import measure, setting_result
 from engine_ext.routers.mol2 import PointerTask, accuracy, create_head, num_params, train_pointer
-from engine_ext.routers.states import (
-    cached_pooled_states,
-    layer_states,
-    option_embeddings,
-    turn_ids,
-)
 from engine_ext.routing import PointerHead, mean_pool
 from planner.router_card import DecisionWork, SettingResult
 
@@ -25,11 +21,11 @@ HEAD_SHAPE = {"d_head": 64, "num_heads": 4, "option_depth": 2}
 """The vLLM plugin's RouterConfig defaults, so a card's head loads there as is."""
 
 
-def mol2_tasks(engine, tokenizer, routing_set: RoutingSet) -> dict[str, PointerTask]:
-    """Pooled layer-k queries (disk-cached) and option embeddings of every split."""
-    embeds, mask, _ = option_embeddings(engine, tokenizer, routing_set.descriptions)
-    return {name: PointerTask(cached_pooled_states(engine, tokenizer, split.texts),
-                              torch.tensor(split.labels), embeds, mask)
+def mol2_tasks(backbone: Backbone, routing_set: RoutingSet) -> dict[str, PointerTask]:
+    """Pooled routing-layer queries (disk-cached) and option embeddings of every split."""
+    embeds, mask = backbone.option_embeddings(routing_set.descriptions)
+    return {name: PointerTask(backbone.pooled(split.texts), torch.tensor(split.labels),
+                              embeds, mask)
             for name in ("train", "val", "test")
             for split in [routing_set.split(name)]}
 
@@ -62,10 +58,11 @@ def save_head(head: PointerHead, path: Path) -> Path:
 
 
 @torch.no_grad()
-def _timers(engine, tokenizer, head: PointerHead, routing_set: RoutingSet, task: PointerTask):
+def _timers(backbone: Backbone, head: PointerHead, routing_set: RoutingSet,
+            task: PointerTask):
     texts = routing_set.test.texts[:30]
-    ids = [turn_ids(tokenizer, t) for t in texts]
-    states = [layer_states(engine, [i])[0] for i in ids]  # each [1, T, D]
+    ids = [backbone.tokenize(t) for t in texts]
+    states = [backbone.state_fn(torch.tensor([i])) for i in ids]  # each [1, T, D]
     options = head.encode_options(task.option_embeds, task.option_mask)
 
     def in_engine(i: int, batch: int) -> float:
@@ -75,23 +72,22 @@ def _timers(engine, tokenizer, head: PointerHead, routing_set: RoutingSet, task:
 
     def standalone(i: int, batch: int) -> float:
         start = time.perf_counter()
-        h, _ = layer_states(engine, [ids[i]] * batch)
-        head(mean_pool(h), options).argmax(-1)
+        head(mean_pool(backbone.state_fn(torch.tensor([ids[i]] * batch))), options).argmax(-1)
         return time.perf_counter() - start
 
     return in_engine, standalone, len(texts)
 
 
-def mol2_setting(engine, tokenizer, routing_set: RoutingSet, seeds: list[int],
+def mol2_setting(backbone: Backbone, routing_set: RoutingSet, seeds: list[int],
                  heads_dir: Path) -> tuple[SettingResult, PointerHead]:
     """Train one head per seed, test each, time seed 0's; returns the row and seed 0's head."""
-    tasks = mol2_tasks(engine, tokenizer, routing_set)
-    heads, seconds = train_seeds(engine.cfg.hidden_size, [tasks["train"]], seeds)
+    tasks = mol2_tasks(backbone, routing_set)
+    heads, seconds = train_seeds(backbone.d_model, [tasks["train"]], seeds)
     accs = [accuracy(h, tasks["test"]) for h in heads]
-    print(f"mol2 {routing_set.name}: test accuracy per seed {[round(a, 4) for a in accs]}",
-          flush=True)
-    save_head(heads[0], heads_dir / f"mol2_smollm2_{routing_set.name}.safetensors")
-    in_engine, standalone, n = _timers(engine, tokenizer, heads[0], routing_set, tasks["test"])
+    print(f"mol2 {backbone.name} {routing_set.name}: test accuracy per seed "
+          f"{[round(a, 4) for a in accs]}", flush=True)
+    save_head(heads[0], heads_dir / f"mol2_{backbone.name}_{routing_set.name}.safetensors")
+    in_engine, standalone, n = _timers(backbone, heads[0], routing_set, tasks["test"])
     decision = measure(in_engine, n, "mean-pool of the layer-k states the request's prefill "
                        "already computed + pointer head over cached option embeddings")
     alone = measure(standalone, n, "prefill of the user turn to layer k + pool + pointer head")
@@ -103,15 +99,15 @@ def mol2_setting(engine, tokenizer, routing_set: RoutingSet, seeds: list[int],
     return row.model_copy(update={"standalone": alone}), heads[0]
 
 
-def regimes(engine, tokenizer, generic: RoutingSet, domain: RoutingSet, seeds: list[int]
+def regimes(backbone: Backbone, generic: RoutingSet, domain: RoutingSet, seeds: list[int]
             ) -> dict[str, dict[str, list[float]]]:
     """Mixed (generic and domain batches in turn) vs staged (generic, then domain only)."""
-    g, d = mol2_tasks(engine, tokenizer, generic), mol2_tasks(engine, tokenizer, domain)
+    g, d = mol2_tasks(backbone, generic), mol2_tasks(backbone, domain)
     out: dict[str, dict[str, list[float]]] = {}
     for regime in ("generic_only", "mixed", "staged"):
         accs: dict[str, list[float]] = {generic.name: [], domain.name: []}
         for seed in seeds:
-            head = create_head(engine.cfg.hidden_size, seed, **HEAD_SHAPE)
+            head = create_head(backbone.d_model, seed, **HEAD_SHAPE)
             if regime == "mixed":
                 train_pointer(head, [g["train"], d["train"]], steps=2 * STEPS, seed=seed)
             else:

@@ -3,12 +3,11 @@
 The query of MoL2 and Contextual MoL is the mean-pooled output of decoder layer k over the user
 turn's tokens: exactly the tokens a request sends to the engine (`turn_ids`), so the vLLM plugin
 pools the same positions. Layers 0..k carry no adapter, so their output is a pure function of
-the text and the model: it is cached on disk under .cache keyed by the texts, k and the weights.
+the text and the model: `backbones.Backbone.pooled` caches it on disk under STATE_CACHE.
 """
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import torch
@@ -58,27 +57,6 @@ def pooled_states(engine: DecoderOnlyEngine, ids: list[list[int]], batch: int = 
         h, mask = layer_states(engine, [ids[i] for i in pick])
         out[pick] = mean_pool(h, mask)
     return out
-
-
-def _key(parts: list[str], route_layer: int) -> str:
-    digest = hashlib.sha256(f"smollm2-135m-instruct|k={route_layer}".encode())
-    for p in parts:
-        digest.update(p.encode() + b"\x1f")
-    return digest.hexdigest()[:20]
-
-
-def cached_pooled_states(engine: DecoderOnlyEngine, tokenizer, texts: tuple[str, ...],
-                         cache_dir: Path = STATE_CACHE) -> torch.Tensor:
-    """`pooled_states` of the texts' turn ids, read from / written to the disk cache."""
-    path = cache_dir / f"pooled_{_key(list(texts), engine.route_layer)}.pt"
-    if path.exists():
-        return torch.load(path)
-    states = pooled_states(engine, [turn_ids(tokenizer, t) for t in texts])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(states, tmp)
-    tmp.replace(path)
-    return states
 
 
 @torch.no_grad()

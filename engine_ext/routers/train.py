@@ -12,9 +12,11 @@ of clinc_domains10 (trained, and the shuffled-label control) go to data/routers/
 from __future__ import annotations
 
 import argparse
+import fcntl
 import shlex
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -25,17 +27,46 @@ from engine_ext.routers.settings import load_settings
 from engine_ext.routers.states import MODEL_NAME
 from planner.router_card import RegimeResult, RouterCard, load_router_card, write_router_card
 
-ROUTERS = ("mol2", "mol2_regimes", "contextual_ced", "contextual_smollm2", "l0")
+ROUTERS = ("mol2", "mol2_regimes", "mol2_ced", "contextual_ced", "contextual_smollm2", "l0")
 CARDS_DIR = Path("scenarios/router_cards")
 HEADS_DIR = Path("data/routers")
 CACHE_DIR = Path(".cache/engine_ext/routers")
 VLLM_SETTING = "clinc_domains10"
-SETTINGS_PER_ROUTER = {
-    "mol2": ("domains4", "clinc_domains10", "clinc_intents150", "banking77"),
-    "contextual_ced": ("domains4", "clinc_domains10"),
-    "contextual_smollm2": ("domains4", "clinc_domains10"),
-    "l0": ("domains4", "clinc_domains10"),
-}
+ALL_SETTINGS = ("domains4", "clinc_domains10", "clinc_intents150", "banking77")
+
+
+@contextmanager
+def _locked(path: Path):
+    """An exclusive lock beside `path` (runs of different settings merge into one card)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _merge(card: RouterCard, old: RouterCard) -> RouterCard:
+    """`card` plus the settings of `old` that this run did not train (same router, model,
+    layer and seeds), in ALL_SETTINGS order."""
+    same = (old.router, old.model, old.routing_layer, old.seeds) == \
+        (card.router, card.model, card.routing_layer, card.seeds)
+    if not same:
+        return card
+    mine = {s.setting for s in card.settings}
+    kept = [s for s in old.settings if s.setting not in mine]
+    rows = sorted([*card.settings, *kept], key=lambda s: ALL_SETTINGS.index(s.setting)
+                  if s.setting in ALL_SETTINGS else len(ALL_SETTINGS))
+    commands = list(dict.fromkeys([*old.command.split("; "), card.command]))
+    training = card.training
+    if kept and old.training != card.training:  # say which rows were trained how
+        training = (f"{', '.join(s.setting for s in kept)}: {old.training} || "
+                    f"{', '.join(sorted(mine))}: {card.training}")
+    return card.model_copy(update={
+        "settings": tuple(rows), "command": "; ".join(commands), "regimes": old.regimes,
+        "training": training,
+        "data_sources": tuple(sorted({*old.data_sources, *card.data_sources}))})
 
 
 def _card(name: str, router: str, model: str, layer: int, num_params: int, args, rows,
@@ -45,45 +76,50 @@ def _card(name: str, router: str, model: str, layer: int, num_params: int, args,
                       num_params=num_params, seeds=tuple(args.seeds), training=training,
                       command=args.command, data_sources=tuple(sources), hardware=args.hardware,
                       settings=tuple(rows), **extra)
-    path = write_router_card(card, args.cards / f"{name}.json")
+    path = args.cards / f"{name}.json"
+    with _locked(path):
+        if path.exists() and set(args.settings) != set(ALL_SETTINGS):
+            card = _merge(card, load_router_card(path))
+        write_router_card(card, path)
     print(f"wrote {path}", flush=True)
     return card
 
 
-def run_mol2(args, sets, engine, tokenizer) -> None:
+def run_mol2(args, sets, backbone, card_name: str, router_key: str) -> None:
+    """MoL2 on one backbone; the SmolLM2 head of VLLM_SETTING (and its shuffled-label control)
+    goes to data/routers for the vLLM test."""
     from engine_ext.routers import run_mol2 as m
 
     rows = []
-    for name in SETTINGS_PER_ROUTER["mol2"]:
-        row, head = m.mol2_setting(engine, tokenizer, sets[name], args.seeds,
-                                   CACHE_DIR / "heads")
+    for name in args.settings:
+        row, head = m.mol2_setting(backbone, sets[name], args.seeds, CACHE_DIR / "heads")
         rows.append(row)
-        if name == VLLM_SETTING:
+        if name == VLLM_SETTING and backbone.name == MODEL_NAME:
             m.save_head(head, args.heads / f"mol2_smollm2_{name}.safetensors")
-            tasks = m.mol2_tasks(engine, tokenizer, sets[name])
-            control, _ = m.train_seeds(engine.cfg.hidden_size,
-                                       [m.shuffled(tasks["train"], 1)], args.seeds[:1])
+            tasks = m.mol2_tasks(backbone, sets[name])
+            control, _ = m.train_seeds(backbone.d_model, [m.shuffled(tasks["train"], 1)],
+                                       args.seeds[:1])
             m.save_head(control[0], args.heads / f"mol2_smollm2_{name}_shuffled.safetensors")
-    _card("mol2-smollm2", "mol2", MODEL_NAME, engine.route_layer,
-          rows[0].work.num_head_params, args, rows,
-          f"pointer head {m.HEAD_SHAPE}, query standardised per feature, AdamW lr 2e-3 "
-          f"one-cycle, {m.STEPS} steps of 64 pooled layer-k states per setting",
-          [sets[n] for n in SETTINGS_PER_ROUTER["mol2"]])
+    _card(card_name, "mol2", backbone.name, backbone.layer, rows[0].work.num_head_params, args,
+          rows, f"pointer head {m.HEAD_SHAPE}, query standardised per feature, AdamW lr 2e-3 "
+          f"one-cycle, {m.STEPS} steps of 64 pooled routing-layer states per setting",
+          [sets[n] for n in args.settings])
 
 
-def run_mol2_regimes(args, sets, engine, tokenizer, wait_s: float = 3600) -> None:
+def run_mol2_regimes(args, sets, backbone, wait_s: float = 3600) -> None:
     """Mixed vs staged training, added to the MoL2 card (waits for it when another process
     is still writing it)."""
     from engine_ext.routers import run_mol2 as m
 
-    found = m.regimes(engine, tokenizer, sets["clinc_intents150"], sets["domains4"], args.seeds)
+    found = m.regimes(backbone, sets["clinc_intents150"], sets["domains4"], args.seeds)
     regimes = tuple(RegimeResult(regime=k, accuracy_per_seed=v) for k, v in found.items())
     path = args.cards / "mol2-smollm2.json"
     deadline = time.time() + wait_s
     while not path.exists() and time.time() < deadline:
         time.sleep(10)
-    card = load_router_card(path)
-    write_router_card(card.model_copy(update={"regimes": regimes}), path)
+    with _locked(path):
+        card = load_router_card(path)
+        write_router_card(card.model_copy(update={"regimes": regimes}), path)
     print(f"added the training regimes to {path}", flush=True)
 
 
@@ -91,33 +127,47 @@ def run_contextual(args, sets, backbone, card_name: str, router_key: str) -> Non
     from engine_ext.routers import run_contextual as c
 
     rows = [c.contextual_setting(backbone, sets[n], args.seeds)
-            for n in SETTINGS_PER_ROUTER[router_key]]
+            for n in args.settings]
     _card(card_name, "contextual_mol", backbone.name, backbone.layer,
           rows[0].work.num_head_params, args, rows,
-          f"q/k head d_head {c.D_HEAD}, AdamW lr 2e-3 one-cycle, {c.STEPS} steps of 64; at most "
-          f"{c.MAX_QUERIES} training and test queries per setting ({c.MAX_QUERIES_MANY} "
-          "beyond 10 options)",
-          [sets[n] for n in SETTINGS_PER_ROUTER[router_key]])
+          f"q/k head d_head {c.D_HEAD}, AdamW lr 2e-3 one-cycle, {c.STEPS} steps of 64; a "
+          f"seeded subsample of {c.MAX_QUERIES} queries per split ({c.MAX_QUERIES_MANY} beyond "
+          "10 options)",
+          [sets[n] for n in args.settings])
 
 
 def run_l0(args, sets, engine, tokenizer) -> None:
     from engine_ext.routers import run_l0 as r
 
     found = [r.l0_setting(engine, tokenizer, sets[n], args.seeds, CACHE_DIR / "l0")
-             for n in SETTINGS_PER_ROUTER["l0"]]
+             for n in args.settings]
     rows, num_params = [row for row, _ in found], found[0][1]
     spec = r.l0_spec(len(engine.layers))
     _card("l0-smollm2", "mol_l0", MODEL_NAME, min(spec.layers), num_params, args,
           rows, f"LoRA rank {spec.rank} on every linear of layers {spec.layers[0]}-"
-          f"{spec.layers[-1]}, AdamW lr {r.LR}, {r.STEPS} steps of {r.BATCH} on at most "
-          f"{r.MAX_TRAIN} samples; test on at most {r.MAX_TEST}",
-          [sets[n] for n in SETTINGS_PER_ROUTER["l0"]])
+          f"{spec.layers[-1]}, on the request and label positions after the option list's "
+          f"cached base-model prefix; AdamW lr {r.LR} one-cycle, {r.STEPS} steps of {r.BATCH} "
+          f"on a seeded subsample of at most {r.MAX_TRAIN} samples; test on at most "
+          f"{r.MAX_TEST}",
+          [sets[n] for n in args.settings])
+
+
+def ced_backbone_trained():
+    """The CED model engine_ext.train trained (run it first: `python -m engine_ext.train`)."""
+    from engine_ext.ced.engine import CEDEngine
+    from engine_ext.routers.backbones import ced_backbone
+    from engine_ext.train import DEFAULT_OUT, load_base
+
+    ced = CEDEngine(load_base(DEFAULT_OUT))
+    return ced_backbone(ced, DEFAULT_OUT / "model.safetensors", CACHE_DIR / "states")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--routers", nargs="+", choices=ROUTERS, default=list(ROUTERS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    parser.add_argument("--settings", nargs="+", choices=ALL_SETTINGS, default=list(ALL_SETTINGS),
+                        help="settings to train (the card keeps its other settings' rows)")
     parser.add_argument("--cards", type=Path, default=CARDS_DIR)
     parser.add_argument("--heads", type=Path, default=HEADS_DIR)
     parser.add_argument("--text-dir", type=Path, default=None,
@@ -132,27 +182,25 @@ def main(argv: list[str] | None = None) -> None:
     sets = load_settings(args.text_dir or default_text_dir())
     start = time.time()
     if {"mol2", "mol2_regimes", "contextual_smollm2", "l0"} & set(args.routers):
-        from engine_ext.routers.run_contextual import smollm2_backbone
+        from engine_ext.routers.backbones import smollm2_backbone
         from engine_ext.routers.states import load_route_engine
 
         engine, tokenizer = load_route_engine()
+        smollm2 = smollm2_backbone(engine, tokenizer)
         if "mol2" in args.routers:
-            run_mol2(args, sets, engine, tokenizer)
+            run_mol2(args, sets, smollm2, "mol2-smollm2", "mol2")
         if "mol2_regimes" in args.routers:
-            run_mol2_regimes(args, sets, engine, tokenizer)
+            run_mol2_regimes(args, sets, smollm2)
         if "contextual_smollm2" in args.routers:
-            run_contextual(args, sets, smollm2_backbone(engine, tokenizer),
-                           "contextual-smollm2", "contextual_smollm2")
+            run_contextual(args, sets, smollm2, "contextual-smollm2", "contextual_smollm2")
         if "l0" in args.routers:
             run_l0(args, sets, engine, tokenizer)
-    if "contextual_ced" in args.routers:
-        from engine_ext.ced.engine import CEDEngine
-        from engine_ext.routers.run_contextual import ced_backbone
-        from engine_ext.train import DEFAULT_OUT, load_base
-
-        ced = CEDEngine(load_base(DEFAULT_OUT))
-        run_contextual(args, sets, ced_backbone(ced, DEFAULT_OUT / "model.safetensors"),
-                       "contextual-ced", "contextual_ced")
+    if {"contextual_ced", "mol2_ced"} & set(args.routers):
+        ced = ced_backbone_trained()
+        if "mol2_ced" in args.routers:
+            run_mol2(args, sets, ced, "mol2-ced", "mol2_ced")
+        if "contextual_ced" in args.routers:
+            run_contextual(args, sets, ced, "contextual-ced", "contextual_ced")
     print(f"done in {time.time() - start:.0f}s")
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine_ext.data import REPO_TEXT_DIR
-from engine_ext.decoder_only import DecoderOnlyEngine
+from engine_ext.decoder_only import DecoderCache, DecoderOnlyEngine
 from engine_ext.routers import l0
 from engine_ext.routers.contextual import contextual_states, one_pass
 from engine_ext.routers.datasets import clinc_sets
@@ -63,24 +63,51 @@ def test_contextual_pass_reads_options_in_the_query_context(smollm2):
     assert (o[0] - o[1]).abs().max() > 1e-2  # option states depend on the query before them
 
 
-def test_l0_trains_on_label_tokens_and_cached_decode_equals_full_generate(smollm2):
+def _fork(cache: DecoderCache) -> DecoderCache:
+    """A cache that can be extended without touching `cache` (KV tensors are replaced, never
+    written in place)."""
+    return DecoderCache(kv=list(cache.kv), tokens=cache.tokens)
+
+
+def _plain_decode(engine, prompts, i: int, adapter: str, stop: int) -> tuple[torch.Tensor, list]:
+    """The reference: the option list through the base model, then the request and each label
+    token through every layer under L0, no cached states. (logits after the request and after
+    each teacher-forced label token [1 + L, V], greedy label tokens)"""
+    cache = engine.new_cache(1)
+    engine.forward(cache, torch.tensor([prompts.prefix]), None)
+    logits = engine.forward(cache, torch.tensor([prompts.requests[i]]), adapter)[:, -1]
+    forced = torch.cat([logits, engine.forward(_fork(cache),
+                                               torch.tensor([prompts.targets[i]]), adapter)[0]])
+    out: list[int] = []
+    while len(out) < l0.MAX_LABEL_TOKENS and int(logits.argmax(-1)) != stop:
+        out.append(int(logits.argmax(-1)))
+        logits = engine.forward(cache, torch.tensor([[out[-1]]]), adapter)[:, -1]
+    return forced, out
+
+
+def test_l0_trains_on_label_tokens_and_cached_decode_equals_plain_decode(smollm2):
     engine, tok, domains = smollm2["engine"], smollm2["tokenizer"], smollm2["domains"]
     names = short_names(domains)
-    samples = l0.route_samples(tok, names, domains.train.texts[:4], domains.train.labels[:4])
-    lower = l0.lower_states(engine, samples)
-    for i, s in enumerate(samples):  # the loss covers exactly the label tokens
-        targets = lower.tokens[i, 1:][lower.loss_mask[i, :-1]].tolist()
-        assert targets == s.target
+    prompts = l0.route_prompts(tok, names, domains.train.texts[:4], domains.train.labels[:4])
+    assert prompts.prompt(0)[: len(prompts.prefix)] == turn_ids(tok, l0.route_prefix(names))
+    prefix = l0.prefix_cache(engine, prompts.prefix)
+    lower = l0.lower_states(engine, prefix, prompts)
+    for i, target in enumerate(prompts.targets):  # the loss covers exactly the label tokens
+        assert lower.tokens[i, 1:][lower.loss_mask[i, :-1]].tolist() == target
     slots_before = dict(engine.registry.slots)
-    weights, losses = l0.train_l0(engine, l0_spec(30), lower, steps=4, batch=4, lr=5e-3, seed=0)
+    weights, losses = l0.train_l0(engine, l0_spec(30), prefix, lower, steps=6, batch=4, lr=5e-3,
+                                  seed=0)
     assert engine.registry.slots == slots_before and losses[-1] < losses[0]
     engine.add_adapter("l0_test", weights)
     try:
         stop = turn_ids(tok, "\n")[-1]
-        cache = l0.prompt_caches(engine, samples[:1])[0]
-        cached = l0.decode_label(engine, cache, "l0_test", stop)
-        full = engine.generate(samples[0].prompt, "l0_test", max_new_tokens=l0.MAX_LABEL_TOKENS,
-                               stop_ids=(stop,))
-        assert cached == full and cached  # the adapter-free lower half is shared exactly
+        [lower_0] = l0.request_lowers(engine, prefix, prompts)[:1]
+        cached = l0.decode_label(engine, prefix, lower_0, "l0_test", stop)
+        forced, plain = _plain_decode(engine, prompts, 0, "l0_test", stop)
+        # the shared prefix and the adapter-free lower half are reused exactly
+        logits, cache = l0.request_logits(engine, prefix, lower_0, "l0_test")
+        label = engine.forward(cache, torch.tensor([prompts.targets[0]]), "l0_test")[0]
+        torch.testing.assert_close(torch.cat([logits, label]), forced, rtol=1e-4, atol=1e-4)
+        assert cached == plain and cached
     finally:
         engine.registry.remove("l0_test")

@@ -150,3 +150,29 @@ def test_shipped_cards_validate_and_cover_the_three_routers():
     assert {c.router for c in cards} == {"mol_l0", "contextual_mol", "mol2"}
     for c in cards:
         assert len(c.seeds) == 5 and all(s.num_test >= 50 for s in c.settings), c.name
+
+
+def test_shipped_ced_scenario_plans_with_the_cards_trained_on_its_model():
+    path = REPO / "scenarios" / "routed_ced_small.yaml"
+    scenario = load_scenario(path)
+    cards = {"contextual_mol": "contextual-ced.json", "mol2": "mol2-ced.json"}
+    for strategy in scenario.strategies[1:]:
+        card_file = load_router_card(REPO / "scenarios" / "router_cards" / cards[strategy.kind])
+        assert card_file.model == scenario.model == "ced-small"
+        curve = {p.num_domains: p.accuracy for p in strategy.router_accuracy_curve}
+        assert curve == {s.num_options: s.accuracy_mean for s in card_file.settings}
+        assert strategy.num_head_params == card_file.num_params
+
+
+def test_a_smollm2_card_on_the_ced_scenario_names_both_models(tmp_path):
+    text = (REPO / "scenarios" / "routed_ced_small.yaml").read_text()
+    cards = REPO / "scenarios" / "router_cards"
+    path = tmp_path / "scenario.yaml"
+    path.write_text(text.replace("router_cards/mol2-ced.json", str(cards / "mol2-smollm2.json"))
+                    .replace("router_cards/contextual-ced.json",
+                             str(cards / "contextual-ced.json")))
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    [message] = info.value.messages
+    assert "strategies.2.router_card: card" in message and "mol2-smollm2.json" in message
+    assert "was measured on model 'smollm2-135m'; this strategy runs 'ced-small'" in message

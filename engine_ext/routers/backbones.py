@@ -1,0 +1,86 @@
+"""The frozen models the routers read: SmolLM2 up to layer k, and the small CED model trained here.
+
+A backbone is seen as: text -> token ids, padded ids -> routing-layer states (one pass, nothing
+kept), ids -> token embeddings (MoL2's option side), and cached mean-pooled states of texts (the
+query of MoL2). Both models are causal up to the routing layer, so right padding is exact: a real
+position never attends to a later pad.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from engine_ext.data import encode
+from engine_ext.routers.contextual import StateFn
+from engine_ext.routing import mean_pool, pad_token_lists
+
+CED_MODEL_NAME = "ced-small"
+"""The catalogue name (sim.catalogue) of engine_ext's small CED preset that engine_ext.train
+trains: router cards on it plug into contextual_mol and mol2 strategies on that model."""
+
+
+class Backbone:
+    """A frozen model as the routers see it."""
+
+    def __init__(self, name: str, tokenize: Callable[[str], list[int]], state_fn: StateFn,
+                 embed: Callable[[torch.Tensor], torch.Tensor], d_model: int, layer: int,
+                 stamp: str, cache_dir: Path) -> None:
+        self.name, self.tokenize, self.state_fn, self.embed = name, tokenize, state_fn, embed
+        self.d_model, self.layer, self.stamp, self.cache_dir = d_model, layer, stamp, cache_dir
+
+    @torch.no_grad()
+    def pooled(self, texts: tuple[str, ...], batch: int = 32) -> torch.Tensor:
+        """Mean-pooled routing-layer state per text [N, D], batched by length, disk-cached."""
+        digest = hashlib.sha256(f"{self.stamp}|k={self.layer}".encode())
+        for t in texts:
+            digest.update(t.encode() + b"\x1f")
+        path = self.cache_dir / f"pooled_{digest.hexdigest()[:20]}.pt"
+        if path.exists():
+            return torch.load(path)
+        ids = [self.tokenize(t) for t in texts]
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        out = torch.empty(len(ids), self.d_model)
+        for start in range(0, len(ids), batch):
+            pick = order[start : start + batch]
+            tokens, mask = pad_token_lists([ids[i] for i in pick])
+            out[pick] = mean_pool(self.state_fn(tokens), mask)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(out, path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").replace(path)
+        return out
+
+    @torch.no_grad()
+    def option_embeddings(self, descriptions: tuple[str, ...]
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token embeddings of each description [O, L, D] and the mask [O, L]."""
+        tokens, mask = pad_token_lists([self.tokenize(d) for d in descriptions])
+        return self.embed(tokens), mask
+
+
+def smollm2_backbone(engine, tokenizer) -> Backbone:
+    """SmolLM2 up to layer k (layers above are not run); states cached as `states` caches them."""
+    from engine_ext.routers.states import MODEL_NAME, STATE_CACHE, turn_ids
+
+    def state_fn(tokens: torch.Tensor) -> torch.Tensor:
+        return engine.prefill_shared(engine.new_cache(tokens.shape[0]), tokens)
+
+    return Backbone(MODEL_NAME, lambda t: turn_ids(tokenizer, t), state_fn,
+                    engine.hf.model.embed_tokens, engine.cfg.hidden_size, engine.route_layer,
+                    "smollm2-135m-instruct", STATE_CACHE)
+
+
+def ced_backbone(ced_engine, model_file: Path, cache_dir: Path) -> Backbone:
+    """The trained byte-level CED model; states are its encoder output (the H19 of its layout)."""
+    def state_fn(tokens: torch.Tensor) -> torch.Tensor:
+        return ced_engine.prefill(ced_engine.new_state(tokens.shape[0]), tokens,
+                                  None).encoder_hidden
+
+    cfg = ced_engine.model.config
+    stat = model_file.stat()
+    return Backbone(CED_MODEL_NAME, encode, state_fn, ced_engine.model.model.embed_tokens,
+                    cfg.d_model, cfg.first_decoder_layer - 1,
+                    f"ced:{stat.st_size}:{stat.st_mtime_ns}", cache_dir)
