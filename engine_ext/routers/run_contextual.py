@@ -25,7 +25,7 @@ from planner.router_card import DecisionWork, SettingResult
 STEPS = 300
 D_HEAD = 64
 MAX_QUERIES = {"train": 300, "test": 300}
-MAX_QUERIES_MANY = {"train": 40, "test": 40}
+MAX_QUERIES_MANY = {"train": 120, "test": 120}
 """Training and test queries per setting, a seeded subsample of the split (SUBSAMPLE_SEED): the
 pass over every option, per query, is this router's cost and cannot be cached (the options are
 read in the query's context), so settings with more than 10 options get fewer."""

@@ -1,0 +1,36 @@
+"""Training runs of different settings merge their rows into one router card."""
+
+from __future__ import annotations
+
+from engine_ext.routers.train import _merge
+from planner.router_card import RouterCard
+
+
+def _card(settings: dict[str, int], training: str, command: str) -> RouterCard:
+    rows = []
+    for name, num in settings.items():
+        options = [f"{name}_{i}" for i in range(num)]
+        rows.append(dict(setting=name, num_options=num, options=options, num_test=40,
+                         accuracy_per_seed=[0.5, 0.7], accuracy_mean=0.6, accuracy_std=0.14,
+                         train_seconds_mean=1.0,
+                         decision=dict(p50_ms=1, p99_ms=2, batched_p50_ms=1, batched_p99_ms=1,
+                                       batch_size=4, num_requests=5, includes="pass"),
+                         work=dict(num_prefill_tokens=10, num_decode_tokens=0,
+                                   num_head_params=5), data_fingerprint="f"))
+    return RouterCard.model_validate(dict(
+        name="c", router="contextual_mol", model="smollm2-135m", routing_layer=25,
+        num_params=5, seeds=[0, 1], training=training, command=command, data_sources=["a"],
+        hardware=dict(cpu="cpu", num_threads=1, load_average=[1, 1, 1]), settings=rows))
+
+
+def test_a_run_of_some_settings_keeps_the_cards_other_rows_and_says_how_each_trained():
+    old = _card({"domains4": 4, "clinc_domains10": 10, "banking77": 77}, "300 queries", "run a")
+    new = _card({"banking77": 77}, "120 queries", "run b")
+    merged = _merge(new, old)
+    assert [s.setting for s in merged.settings] == ["domains4", "clinc_domains10", "banking77"]
+    assert merged.settings[2] == new.settings[0]  # the new run's row replaces the old one
+    assert merged.training == ("domains4, clinc_domains10: 300 queries || banking77: "
+                               "120 queries")
+    assert merged.command == "run a; run b"
+    other_seeds = _card({"banking77": 77}, "t", "run c").model_copy(update={"seeds": (0, 2)})
+    assert _merge(other_seeds, old) == other_seeds  # another training: nothing is merged
