@@ -17,6 +17,8 @@ from engine_ext.routing import PointerHead, mean_pool
 from planner.router_card import DecisionWork, SettingResult
 
 STEPS = 100
+"""Training steps of the regimes (per stage), the shuffled-label control and, by default, a
+setting's heads."""
 HEAD_SHAPE = {"d_head": 64, "num_heads": 4, "option_depth": 2}
 """The vLLM plugin's RouterConfig defaults, so a card's head loads there as is."""
 
@@ -57,6 +59,17 @@ def save_head(head: PointerHead, path: Path) -> Path:
     return path
 
 
+def choose_steps(d_model: int, tasks: dict[str, PointerTask], grid: tuple[int, ...],
+                 seed: int = 0) -> tuple[int, dict[int, float]]:
+    """The length in `grid` with the best validation accuracy of seed 0's head (ties: the
+    shorter); the test split is never looked at."""
+    found = {}
+    for steps in grid:
+        [head], _ = train_seeds(d_model, [tasks["train"]], [seed], steps)
+        found[steps] = accuracy(head, tasks["val"])
+    return max(found, key=lambda s: (found[s], -s)), found
+
+
 @torch.no_grad()
 def _timers(backbone: Backbone, head: PointerHead, routing_set: RoutingSet,
             task: PointerTask):
@@ -79,13 +92,15 @@ def _timers(backbone: Backbone, head: PointerHead, routing_set: RoutingSet,
 
 
 def mol2_setting(backbone: Backbone, routing_set: RoutingSet, seeds: list[int],
-                 heads_dir: Path) -> tuple[SettingResult, PointerHead]:
-    """Train one head per seed, test each, time seed 0's; returns the row and seed 0's head."""
+                 heads_dir: Path, grid: tuple[int, ...] = ()) -> tuple[SettingResult, PointerHead]:
+    """Train one head per seed (for `grid`'s length with the best validation accuracy, else
+    STEPS), test each, time seed 0's; returns the row and seed 0's head."""
     tasks = mol2_tasks(backbone, routing_set)
-    heads, seconds = train_seeds(backbone.d_model, [tasks["train"]], seeds)
+    steps, val = choose_steps(backbone.d_model, tasks, grid) if grid else (STEPS, {})
+    heads, seconds = train_seeds(backbone.d_model, [tasks["train"]], seeds, steps)
     accs = [accuracy(h, tasks["test"]) for h in heads]
-    print(f"mol2 {backbone.name} {routing_set.name}: test accuracy per seed "
-          f"{[round(a, 4) for a in accs]}", flush=True)
+    print(f"mol2 {backbone.name} {routing_set.name}: validation {val}, {steps} steps; test "
+          f"accuracy per seed {[round(a, 4) for a in accs]}", flush=True)
     save_head(heads[0], heads_dir / f"mol2_{backbone.name}_{routing_set.name}.safetensors")
     in_engine, standalone, n = _timers(backbone, heads[0], routing_set, tasks["test"])
     decision = measure(in_engine, n, "mean-pool of the layer-k states the request's prefill "

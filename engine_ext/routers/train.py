@@ -47,6 +47,21 @@ def _locked(path: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+TRAINING_SEPARATOR = " || "
+"""Between the `training` texts of rows trained differently: 'settings: text || settings: text'."""
+
+
+def _training_per_row(card: RouterCard) -> list[str]:
+    """How each of the card's rows was trained, read back from its `training`."""
+    if TRAINING_SEPARATOR not in card.training:
+        return [card.training] * len(card.settings)
+    how = {}
+    for part in card.training.split(TRAINING_SEPARATOR):
+        names, text = part.split(": ", 1)
+        how.update({name: text for name in names.split(", ")})
+    return [how[s.setting] for s in card.settings]
+
+
 def _merge(card: RouterCard, old: RouterCard) -> RouterCard:
     """`card` plus the settings of `old` that this run did not train (same router, model,
     layer and seeds), in ALL_SETTINGS order."""
@@ -59,10 +74,13 @@ def _merge(card: RouterCard, old: RouterCard) -> RouterCard:
     rows = sorted([*card.settings, *kept], key=lambda s: ALL_SETTINGS.index(s.setting)
                   if s.setting in ALL_SETTINGS else len(ALL_SETTINGS))
     commands = list(dict.fromkeys([*old.command.split("; "), card.command]))
-    training = card.training
-    if kept and old.training != card.training:  # say which rows were trained how
-        training = (f"{', '.join(s.setting for s in kept)}: {old.training} || "
-                    f"{', '.join(sorted(mine))}: {card.training}")
+    how = {s.setting: text for s, text in zip(old.settings, _training_per_row(old), strict=True)}
+    how.update({name: card.training for name in mine})
+    groups: dict[str, list[str]] = {}
+    for row in rows:
+        groups.setdefault(how[row.setting], []).append(row.setting)
+    training = card.training if len(groups) == 1 else TRAINING_SEPARATOR.join(
+        f"{', '.join(names)}: {text}" for text, names in groups.items())
     return card.model_copy(update={
         "settings": tuple(rows), "command": "; ".join(commands), "regimes": old.regimes,
         "training": training,
@@ -92,7 +110,8 @@ def run_mol2(args, sets, backbone, card_name: str, router_key: str) -> None:
 
     rows = []
     for name in args.settings:
-        row, head = m.mol2_setting(backbone, sets[name], args.seeds, CACHE_DIR / "heads")
+        row, head = m.mol2_setting(backbone, sets[name], args.seeds, CACHE_DIR / "heads",
+                                   tuple(args.mol2_steps))
         rows.append(row)
         if name == VLLM_SETTING and backbone.name == MODEL_NAME:
             m.save_head(head, args.heads / f"mol2_smollm2_{name}.safetensors")
@@ -102,7 +121,10 @@ def run_mol2(args, sets, backbone, card_name: str, router_key: str) -> None:
             m.save_head(control[0], args.heads / f"mol2_smollm2_{name}_shuffled.safetensors")
     _card(card_name, "mol2", backbone.name, backbone.layer, rows[0].work.num_head_params, args,
           rows, f"pointer head {m.HEAD_SHAPE}, query standardised per feature, AdamW lr 2e-3 "
-          f"one-cycle, {m.STEPS} steps of 64 pooled routing-layer states per setting",
+          f"one-cycle, batches of 64 pooled routing-layer states, "
+          + (f"steps per setting chosen among {args.mol2_steps} by seed 0's validation "
+             "accuracy (printed in the log; the test split is not looked at)"
+             if args.mol2_steps else f"{m.STEPS} steps per setting"),
           [sets[n] for n in args.settings])
 
 
@@ -170,6 +192,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="settings to train (the card keeps its other settings' rows)")
     parser.add_argument("--cards", type=Path, default=CARDS_DIR)
     parser.add_argument("--heads", type=Path, default=HEADS_DIR)
+    parser.add_argument("--mol2-steps", nargs="*", type=int, default=[],
+                        help="MoL2: candidate training lengths, chosen per setting on the "
+                             "validation split (default: 100 steps)")
     parser.add_argument("--text-dir", type=Path, default=None,
                         help="labelled text (default: $MOLCAP_DATA_DIR/text if set, else "
                              "the repository's data/text slices)")

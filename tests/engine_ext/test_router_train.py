@@ -32,5 +32,9 @@ def test_a_run_of_some_settings_keeps_the_cards_other_rows_and_says_how_each_tra
     assert merged.training == ("domains4, clinc_domains10: 300 queries || banking77: "
                                "120 queries")
     assert merged.command == "run a; run b"
+    again = _merge(_card({"domains4": 4}, "120 queries", "run c"), merged)  # a third run
+    assert again.training == "domains4, banking77: 120 queries || clinc_domains10: 300 queries"
+    last = _merge(_card({"clinc_domains10": 10}, "120 queries", "run d"), again)
+    assert last.training == "120 queries"  # every row trained the same way again
     other_seeds = _card({"banking77": 77}, "t", "run c").model_copy(update={"seeds": (0, 2)})
     assert _merge(other_seeds, old) == other_seeds  # another training: nothing is merged
