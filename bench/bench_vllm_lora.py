@@ -11,9 +11,10 @@ every configuration, FCFS, greedy, fixed output length. Prompts follow Punica's 
 the same prefill; "outside" first sends each prompt for one token (a router's own prefill to
 expose the hidden state), then the real request naming the adapter. Throughput is end-to-end
 tokens (prompt + output) per second; per-token latency: TTFT / prompt tokens (prefill) and
-(last - first token) / (output tokens - 1) (decode), p50/p90/p99 over requests. Prints a table
-and writes out/bench/vllm_lora.json. Not a timed test: CPU numbers calibrate the cost model's
-shape, not a GPU's speed.
+(last - first token) / (output tokens - 1) (decode), p50/p90/p99 over requests. Prints a row per
+configuration and writes out/bench/vllm_lora.json and the same rows as a markdown table,
+out/bench/vllm_lora.md, with the 1-minute load average at the end of each row. Not a timed test:
+CPU numbers calibrate the cost model's shape, not a GPU's speed.
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ def run(llm, prompts, loras, output_tokens) -> dict:
     tokens = sum(len(o.prompt_token_ids) + len(o.outputs[0].token_ids) for o in outs)
     pct = lambda xs: {f"p{q}": float(np.percentile(xs, q)) * 1e3 for q in (50, 90, 99)}  # noqa: E731
     return dict(wall_s=wall, tokens_per_s=tokens / wall, num_requests=len(prompts),
-                prefill_ms_per_token=pct(prefill), decode_ms_per_token=pct(decode or [0.0]))
+                prefill_ms_per_token=pct(prefill), decode_ms_per_token=pct(decode or [0.0]),
+                load_1min=os.getloadavg()[0])
 
 
 def lora_requests(paths: list[Path], domains: np.ndarray, offset: int, name: str) -> list:
@@ -160,7 +162,22 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(dict(config=vars(args) | {"out": str(args.out)},
                                         rows=rows), indent=2))
-    print(f"wrote {args.out}")
+    table = args.out.with_suffix(".md")
+    table.write_text(markdown_table(rows))
+    print(f"wrote {args.out} and {table}")
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The docs' table of one run, with the load average seen at the end of each row."""
+    lines = ["| kind | adapters | mix | tokens/s | wall s | prefill ms/token p50 / p90 / p99 "
+             "| decode ms/token p50 / p90 / p99 | load |", "|---" * 8 + "|"]
+    for r in rows:
+        p, d = r["prefill_ms_per_token"], r["decode_ms_per_token"]
+        lines.append(f"| {r['kind']} | {r['num_adapters']} | {r['mix']} | {r['tokens_per_s']:.0f}"
+                     f" | {r['wall_s']:.1f} | {p['p50']:.1f} / {p['p90']:.1f} / {p['p99']:.1f}"
+                     f" | {d['p50']:.1f} / {d['p90']:.1f} / {d['p99']:.1f}"
+                     f" | {r['load_1min']:.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def routing_rows(llm, root: Path, routed: list[Path], args, vocab: int) -> list[dict]:
@@ -183,7 +200,7 @@ def routing_rows(llm, root: Path, routed: list[Path], args, vocab: int) -> list[
                      tokens_per_s=tokens / wall, num_requests=len(prompts),
                      prefill_ms_per_token=second["prefill_ms_per_token"],
                      decode_ms_per_token=second["decode_ms_per_token"],
-                     router_prefill_wall_s=first["wall_s"]))
+                     router_prefill_wall_s=first["wall_s"], load_1min=second["load_1min"]))
     print(_row(rows[-1]), flush=True)
     return rows
 

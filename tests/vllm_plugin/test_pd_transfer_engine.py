@@ -6,21 +6,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from vllm_helpers import (
     create_llm,
+    pd_decode,
     pd_transfer_config,
     plugin_config_env,
     prompt_ids,
     routed_setup,
+    run_pd_prefill,
     shutdown_llm,
 )
 
-from engine_ext.vllm_plugin.config import CONFIG_ENV
 from engine_ext.vllm_plugin.counters import sum_counters
 from engine_ext.vllm_plugin.hashing import adapter_hash
 from engine_ext.vllm_plugin.kv_transfer import DECISIONS
@@ -29,34 +27,6 @@ from engine_ext.vllm_plugin.runtime import HASH_KEY
 MAX_TOKENS = 12
 NUM_ROUTED, NUM_DELIVERED = 4, 3
 BLOCK = 32
-HERE = Path(__file__).parent
-
-
-def _run_prefill(setup, requests: list[dict]) -> list[dict]:
-    """The prefill engine in its own process (max_tokens=1, as a P/D proxy sends it)."""
-    root = setup.root
-    (root / "requests.json").write_text(json.dumps(requests))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
-               **{CONFIG_ENV: str(setup.config_file)})
-    done = subprocess.run([sys.executable, str(HERE / "pd_prefill.py"), str(root / "model"),
-                           str(root / "kv"), str(root / "requests.json"), str(root / "out.json")],
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads((root / "out.json").read_text())
-
-
-def _decode(llm, sent: list[dict]) -> list[tuple[list[int], int]]:
-    """(tokens, prompt tokens not computed here) per request sent to the decode engine."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-    from vllm.lora.request import LoRARequest
-
-    params = [SamplingParams(max_tokens=MAX_TOKENS - 1, temperature=0.0, ignore_eos=True,
-                             detokenize=False, extra_args=s["extra"]) for s in sent]
-    outs = llm.generate([TokensPrompt(prompt_token_ids=s["prompt"]) for s in sent], params,
-                        lora_request=[s["lora"] and LoRARequest(*s["lora"]) for s in sent],
-                        use_tqdm=False)
-    return [(list(o.outputs[0].token_ids), o.num_cached_tokens) for o in outs]
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +41,7 @@ def pd(tmp_path_factory):
     prompts = [prompt_ids(700 + i, 70 + 9 * i) for i in range(NUM_ROUTED)]
     requests = ([{"prompt": p, "lora": None} for p in prompts]
                 + [{"prompt": prompts[0], "lora": loras[n]} for n in ("r1", "r2")])
-    prefilled = _run_prefill(setup, requests)
+    prefilled = run_pd_prefill(setup, requests)
     # What a P/D proxy sends to decode: prompt + first token, the kv_transfer_params, the named
     # adapter. The last routed prompt never reaches decode (undelivered); the second is also
     # sent once with its metadata dropped by the proxy.
@@ -86,7 +56,7 @@ def pd(tmp_path_factory):
                             max_num_batched_tokens=256,
                             kv_transfer_config=pd_transfer_config("kv_consumer",
                                                                   str(setup.root / "kv")))
-        outs = _decode(decode, sent)
+        outs = pd_decode(decode, sent, MAX_TOKENS - 1)
         yield dict(setup=setup, requests=requests, prefilled=prefilled, sent=sent, outs=outs,
                    loras=loras)
         shutdown_llm(decode)

