@@ -28,7 +28,6 @@ Use (both engines): `--kv-transfer-config '{"kv_connector": "MolcapRoutedConnect
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -48,7 +47,6 @@ from engine_ext.vllm_plugin.adapters import adapter_version
 from engine_ext.vllm_plugin.hashing import NO_ADAPTER_HASH
 from engine_ext.vllm_plugin.runtime import HASH_KEY, carried_hash, get_state
 
-logger = logging.getLogger(__name__)
 ADAPTER_KEY = "molcap-adapter="
 STAGING_KEY = "molcap-staging="
 """Parts added to the connector's key list (hashed with the tokens into the folder name)."""
