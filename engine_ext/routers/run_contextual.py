@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import random
 import time
 
 import torch
@@ -18,7 +17,7 @@ from engine_ext.routers.contextual import (
 from engine_ext.routers.datasets import RoutingSet
 from engine_ext.routers.measure import measure, setting_result
 from engine_ext.routers.mol2 import num_params
-from engine_ext.routers.settings import short_names
+from engine_ext.routers.settings import short_names, subsample
 from engine_ext.routing import ContextualHead
 from planner.router_card import DecisionWork, SettingResult
 
@@ -26,19 +25,12 @@ STEPS = 300
 D_HEAD = 64
 MAX_QUERIES = {"train": 300, "test": 300}
 MAX_QUERIES_MANY = {"train": 120, "test": 120}
-"""Training and test queries per setting, a seeded subsample of the split (SUBSAMPLE_SEED): the
+"""Training and test queries per setting, a seeded subsample of the split (`subsample`): the
 pass over every option, per query, is this router's cost and cannot be cached (the options are
 read in the query's context), so settings with more than 10 options get fewer."""
-SUBSAMPLE_SEED = 0
 TIMED_MANY = {"num_timed": 5, "num_batches": 1, "batch_size": 4}
 """Decisions timed beyond 10 options (5 at batch 1, one batch of 4): each is a pass over 77-150
 option names; below, measure's defaults."""
-
-
-def subsample(split, num: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """A seeded subsample of `num` (texts, labels) of a split (all of it when smaller)."""
-    pick = sorted(random.Random(SUBSAMPLE_SEED).sample(range(len(split)), min(num, len(split))))
-    return tuple(split.texts[i] for i in pick), tuple(split.labels[i] for i in pick)
 
 
 def _states(backbone: Backbone, texts: tuple[str, ...], names: tuple[str, ...]):

@@ -18,8 +18,7 @@ from engine_ext.routers.l0 import (
     train_l0,
 )
 from engine_ext.routers.measure import measure, setting_result
-from engine_ext.routers.run_contextual import subsample
-from engine_ext.routers.settings import short_names
+from engine_ext.routers.settings import short_names, subsample
 from engine_ext.train_smollm2 import BASE_MODEL, top_layers_spec
 from planner.router_card import DecisionWork, SettingResult
 

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
-from engine_ext.routers.datasets import RoutingSet, banking77_set, clinc_sets, domains4_set
+from engine_ext.routers.datasets import (
+    RoutingSet,
+    RoutingSplit,
+    banking77_set,
+    clinc_sets,
+    domains4_set,
+)
 
 DATA_SEED = 0
 """Seed of the split subsampling (fixed: every router and training seed sees the same data)."""
 CLINC_PER_INTENT = {"train": 10, "val": 2, "test": 5}
 BANKING_PER_CLASS = {"train": 10, "val": 2, "test": 5}
 DOMAINS4_PER_DOMAIN = {"train": 100, "val": 20, "test": 50}
+SUBSAMPLE_SEED = 0
+"""Seed of the per-router subsamples of a split (Contextual MoL, L0), fixed like DATA_SEED."""
 
 
 def load_settings(text_dir: Path) -> dict[str, RoutingSet]:
@@ -24,3 +33,10 @@ def load_settings(text_dir: Path) -> dict[str, RoutingSet]:
 def short_names(routing_set: RoutingSet) -> tuple[str, ...]:
     """Option names as the per-query routers read them (Contextual MoL's pass, L0's prompt)."""
     return tuple(o.replace("_", " ") for o in routing_set.options)
+
+
+def subsample(split: RoutingSplit, num: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """A seeded subsample of `num` (texts, labels) of a split, in split order (all of it when
+    smaller)."""
+    pick = sorted(random.Random(SUBSAMPLE_SEED).sample(range(len(split)), min(num, len(split))))
+    return tuple(split.texts[i] for i in pick), tuple(split.labels[i] for i in pick)

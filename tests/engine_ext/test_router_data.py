@@ -75,3 +75,15 @@ def test_unknown_intent_is_refused(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(RoutingDataError, match="no_such_intent"):
         clinc_sets(tmp_path, {})
+
+
+def test_router_subsample_is_seeded_and_spread_over_the_split():
+    from engine_ext.routers.settings import subsample
+
+    domains, _ = clinc_sets(REPO_TEXT_DIR, {"train": 2}, seed=0)
+    texts, labels = subsample(domains.train, 40)
+    assert (texts, labels) == subsample(domains.train, 40) and len(texts) == 40
+    pairs = set(zip(domains.train.texts, domains.train.labels, strict=True))
+    assert set(zip(texts, labels, strict=True)) <= pairs
+    assert texts != domains.train.texts[:40]  # not the head of the split
+    assert subsample(domains.train, 10_000)[0] == domains.train.texts
