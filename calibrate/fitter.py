@@ -28,6 +28,8 @@ DEFAULT_TERMS = (
 LORA_TERMS = ("lora_flops_efficiency", "lora_launch_overhead_s", "lora_per_adapter_overhead_s",
               "lora_slice_launch_s", "lora_token_gather_share")
 """Coefficients of the LoRA path (fitted when LoRA samples are present)."""
+DIREFT_TERMS = ("direft_layer_overhead_s",)
+"""Coefficients of DiReFT (fitted when DiReFT_P samples are present)."""
 
 
 @dataclass(frozen=True)
@@ -156,19 +158,60 @@ def _scores(coeffs, train, test, profiles) -> list[dict]:
     return rows
 
 
-def group_profiles(arch, gpu, *, adapter_rank: int, adapter_placements) -> dict[str, CostProfile]:
+def group_profiles(arch, gpu, *, adapter_rank: int, adapter_placements,
+                   ranks=(16, 32)) -> dict[str, CostProfile]:
     """Cost profile of each vLLM sample group: base on an engine without LoRA; LoRA and LoRA_P
-    on a LoRA engine (LoRA_P's decode tokens are marked unadapted in the samples)."""
-    from sim.cost_profile import create_cost_profile
+    on a LoRA engine (LoRA_P's decode tokens are marked unadapted in the samples), also at
+    other max_lora_rank values ("lora_r16"); DiReFT_P by its own shapes (every layer edited)
+    on a LoRA engine, whose LoRA wrapper runs for every token although none is LoRA-adapted."""
+    from sim.cost_profile import LORA_MODULES, create_cost_profile
 
-    lora = create_cost_profile(arch, gpu, adapter_kind="lora", adapter_rank=adapter_rank,
-                               adapter_placements=list(adapter_placements))
-    return {"base": create_cost_profile(arch, gpu), "lora": lora, "lora_p": lora}
+    out = {"base": create_cost_profile(arch, gpu)}
+    for rank in (adapter_rank, *ranks):
+        lora = create_cost_profile(arch, gpu, adapter_kind="lora", adapter_rank=rank,
+                                   adapter_placements=list(adapter_placements))
+        suffix = "" if rank == adapter_rank else f"_r{rank}"
+        out["lora" + suffix] = out["lora_p" + suffix] = lora
+    wrapped = [(i, m) for i in range(arch.num_layers) for m in LORA_MODULES]
+    out["direft_p"] = create_cost_profile(
+        arch, gpu, adapter_kind="direft", adapter_rank=adapter_rank,
+        adapter_placements=[(i, "residual") for i in range(arch.num_layers)],
+        lora_wrapped_placements=wrapped)
+    return out
+
+
+def fit_adapter_loads(loads: list[dict], gpu) -> tuple[dict[str, float], dict]:
+    """Slot activations (cached adapter into a device slot): seconds = overhead + bytes /
+    (PCIe bandwidth x efficiency), non-negative least squares. Returns the two coefficients
+    and a summary (per kind: count, median seconds, median bytes; the fit's MAPE)."""
+    from scipy.optimize import nnls
+
+    summary: dict = {}
+    for kind in sorted({x["kind"] for x in loads}):
+        mine = [x for x in loads if x["kind"] == kind]
+        summary[kind] = dict(num_loads=len(mine),
+                             median_s=float(np.median([x["seconds"] for x in mine])),
+                             median_bytes=float(np.median([x["num_bytes"] for x in mine])))
+    active = [x for x in loads if x["kind"] == "activate"]
+    if len(active) < 2:
+        return {}, summary
+    y = np.array([x["seconds"] for x in active])
+    nbytes = np.array([x["num_bytes"] for x in active], dtype=float)
+    a = np.stack([np.ones_like(nbytes), nbytes / 1e6], axis=1)
+    (overhead, per_mb), _ = nnls(a, y)
+    efficiency = 1.0 if per_mb <= 0 else min(1.0, 1e6 / (per_mb * gpu.pcie_bandwidth_bytes_per_s))
+    coeffs = {"adapter_load_overhead_s": float(overhead),
+              "adapter_load_bandwidth_efficiency": float(max(efficiency, 1e-6))}
+    predicted = overhead + nbytes / (gpu.pcie_bandwidth_bytes_per_s *
+                                     coeffs["adapter_load_bandwidth_efficiency"])
+    summary["activate"]["fit_mape"] = float(np.mean(np.abs(predicted - y) / y))
+    return coeffs, summary
 
 
 def create_calibration_profile(result: FitResult, *, name: str, model: str, engine: dict,
                                hardware: dict, packages: dict, num_samples: int,
-                               load_average, commands, description: str = ""):
+                               load_average, commands, description: str = "",
+                               adapter_loads: dict | None = None):
     """The profile file's model from a fit and where its samples came from."""
     import datetime as dt
 
@@ -177,7 +220,8 @@ def create_calibration_profile(result: FitResult, *, name: str, model: str, engi
     summary = FitSummary(fitted_terms=result.terms, stderr=result.stderr,
                          errors=tuple(FitErrorRow(**row) for row in result.errors),
                          term_shares=result.term_shares,
-                         load_average=tuple(round(x, 2) for x in load_average))
+                         load_average=tuple(round(x, 2) for x in load_average),
+                         adapter_loads=adapter_loads or {})
     return CalibrationProfile(
         name=name, description=description, model=model, engine=engine, hardware=hardware,
         packages=packages, created_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -15,22 +15,35 @@ from pathlib import Path
 
 from calibrate.fitter import (
     DEFAULT_TERMS,
+    DIREFT_TERMS,
     LORA_TERMS,
     create_calibration_profile,
+    fit_adapter_loads,
     group_profiles,
     write_profile,
 )
 from calibrate.fitter import (
     fit as fit_samples,
 )
-from calibrate.recorder import load_average, load_samples, split_held_out
-from calibrate.runner import TARGETS, VllmEngineSpec, profile_vllm
+from calibrate.recorder import load_adapter_loads, load_average, load_samples, split_held_out
+from calibrate.runner import (
+    ADAPTER_COUNTS,
+    TARGETS,
+    VllmEngineSpec,
+    engine_name,
+    profile_vllm,
+)
 
-VLLM_GROUPS = ("base", "lora", "lora_p")
+VLLM_GROUPS = ("base", "lora", "lora_p", "direft_p", "lora_r16", "lora_r32")
 
 
 def _command() -> str:
     return "molcap calibrate " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+
+
+RANK_GRID = (16, 32)
+"""max_lora_rank values profiled on their own engines beside rank 8 (LoRA only, fewer probes:
+the rank changes the adapter terms' shapes, not the scheduler)."""
 
 
 def profile(out: Path, *, engine: str = "all", device: str = "cpu", gpu_kind: str = "cpu",
@@ -40,11 +53,16 @@ def profile(out: Path, *, engine: str = "all", device: str = "cpu", gpu_kind: st
     samples = out / "samples"
     hook = on_progress or (lambda label: None)
     if engine in ("vllm", "all"):
-        for enable_lora in (False, True):
-            spec = VllmEngineSpec(enable_lora=enable_lora, device=device, gpu_kind=gpu_kind)
-            kinds = ("lora", "lora_p") if enable_lora else ("base",)
+        runs = [(VllmEngineSpec(enable_lora=False, device=device, gpu_kind=gpu_kind),
+                 ("base",), ADAPTER_COUNTS),
+                (VllmEngineSpec(device=device, gpu_kind=gpu_kind),
+                 ("lora", "lora_p", "direft_p"), ADAPTER_COUNTS)]
+        runs += [(VllmEngineSpec(device=device, gpu_kind=gpu_kind, max_lora_rank=rank),
+                  ("lora",), (1, 8, 32)) for rank in (() if quick else RANK_GRID)]
+        for spec, kinds, counts in runs:
             profile_vllm(out / "work", samples, spec, kinds=kinds, num_repeats=num_repeats,
-                         quick=quick, on_progress=hook("vllm " + "+".join(kinds)))
+                         quick=quick, adapter_counts=counts,
+                         on_progress=hook(f"{engine_name(spec)} " + "+".join(kinds)))
     if engine in ("ced", "all"):
         from calibrate.ced_runner import profile_ced
 
@@ -80,15 +98,19 @@ def fit(root: Path, *, name: str, out_dir: Path, engine: str = "vllm"):
                               adapter_rank=settings["max_lora_rank"],
                               adapter_placements=[(i, m) for i in range(4) for m in TARGETS])
     train, test = split_held_out(samples)
-    start = DEFAULT_COEFFS.get(gpu.name, CostCoeffs())
-    result = fit_samples(train, DEFAULT_TERMS + LORA_TERMS, profiles, start=start, held_out=test)
+    load_coeffs, load_summary = fit_adapter_loads(load_adapter_loads(root / "samples"), gpu)
+    start = DEFAULT_COEFFS.get(gpu.name, CostCoeffs()).model_copy(update=load_coeffs)
+    terms = DEFAULT_TERMS + LORA_TERMS
+    terms += DIREFT_TERMS if any(s.group == "direft_p" for s in samples) else ()
+    result = fit_samples(train, terms, profiles, start=start, held_out=test)
     profile_ = create_calibration_profile(
         result, name=name, model="vllm-tiny-llama", engine=meta["engine"],
         hardware=meta["hardware"], packages=meta["packages"], num_samples=len(samples),
-        load_average=meta["load_average"],
+        load_average=meta["load_average"], adapter_loads=load_summary,
         commands=(f"molcap calibrate profile --out {root}", _command()),
-        description="vLLM step times of the tiny float32 Llama (4 layers, hidden 256), rank-8 "
-                    "LoRA on q/v/o/down; step seconds are the engine thread's CPU time")
+        description="vLLM step times of the tiny float32 Llama (4 layers, hidden 256): base, "
+                    "LoRA/LoRA_P on q/v/o/down at max_lora_rank 8 (LoRA also 16, 32), DiReFT_P "
+                    "on every layer; adapter slot loads; the engine thread's CPU seconds")
     path = Path(out_dir) / f"{name}.yaml"
     write_profile(profile_, path)
     return path, profile_

@@ -44,6 +44,9 @@ class StepSample:
     """Routing-head decisions in the step."""
     wall_s: float = 0.0
     """Wall seconds of the step (measured_s may be the engine thread's CPU seconds)."""
+    adapter_load_s: float = 0.0
+    """Seconds of adapter loads inside the step, on measured_s's clock (not in measured_s:
+    the simulator prices loads with their own term)."""
     tags: dict = field(default_factory=dict)
     """Probe parameters (batch, prompt length, adapters, repeat) for grouping errors."""
 
@@ -84,6 +87,7 @@ def samples_from_vllm_steps(timings, *, group: str, prefill_only_ids: set[int],
             end = nxt.start_s if nxt is not None else step_end
         if end - start > 4 * (step_end - start) + 0.05:
             end = step_end  # the client paused between generate calls: not engine time
+        load_s = t.adapter_load_cpu_s if clock == "cpu" else t.adapter_load_s
         adapted = []
         for new, computed, prompt, lora in zip(t.num_scheduled_tokens, t.num_computed_tokens,
                                                t.num_prompt_tokens, t.lora_ids, strict=True):
@@ -93,8 +97,8 @@ def samples_from_vllm_steps(timings, *, group: str, prefill_only_ids: set[int],
             group=group, num_new_tokens=t.num_scheduled_tokens,
             num_context_tokens=t.num_computed_tokens,
             adapter_ids=tuple(x - 1 if x else -1 for x in t.lora_ids),
-            is_adapted=tuple(adapted), measured_s=end - start, wall_s=t.end_s - t.start_s,
-            tags=tags))
+            is_adapted=tuple(adapted), measured_s=end - start - load_s,
+            wall_s=t.end_s - t.start_s, adapter_load_s=load_s, tags=tags))
     return out
 
 
@@ -106,6 +110,16 @@ def load_samples(store_dir: Path) -> list[StepSample]:
         if record and record.get("status") == "ok":
             samples += [StepSample.from_json(s) for s in record["result"]["samples"]]
     return samples
+
+
+def load_adapter_loads(store_dir: Path) -> list[dict]:
+    """Every adapter load of every finished probe in a points folder (kind, bytes, seconds)."""
+    loads = []
+    for path in sorted(Path(store_dir).glob("*.json")):
+        record = PointStore(store_dir).load(path.stem)
+        if record and record.get("status") == "ok":
+            loads += record["result"].get("adapter_loads", [])
+    return loads
 
 
 def split_held_out(samples: list[StepSample], test_share: float = 0.25,

@@ -69,6 +69,9 @@ class FitSummary(_Frozen):
     """Mean share of predicted step time per cost term."""
     load_average: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """Machine load (1, 5, 15 min) when the samples were taken."""
+    adapter_loads: dict[str, dict[str, float]] = Field(default_factory=dict)
+    """Measured adapter loads per kind ("load": files into the CPU cache, "activate": into a
+    device slot): count, median seconds and bytes, and the slot-load fit's MAPE."""
 
 
 class CalibrationProfile(_Frozen):

@@ -56,6 +56,13 @@ class CostCoeffs(BaseModel):
     """Fixed cost of every step (scheduling, sampling, launches)."""
     per_sequence_overhead_s: float = Field(default=10e-6, ge=0, le=1)
     """Cost per sequence in the step (input preparation, sampling)."""
+    layer_overhead_s: float = Field(default=0.0, ge=0, le=1)
+    """Fixed cost per layer a step runs (per-layer launches and host work, whatever the
+    tokens): what a bounded replay over the decoder layers saves against a full step."""
+    adapter_load_overhead_s: float = Field(default=0.0, ge=0, le=10)
+    """Fixed cost of copying one adapter into a device slot (per-module copies, bookkeeping)."""
+    adapter_load_bandwidth_efficiency: float = Field(default=1.0, gt=0, le=1)
+    """Achieved share of the host-to-device (PCIe) bandwidth when an adapter is copied in."""
 
 
 DEFAULT_COEFFS: dict[str, CostCoeffs] = {
@@ -79,6 +86,12 @@ DEFAULT_COEFFS: dict[str, CostCoeffs] = {
     ),
 }
 """Defaults per GPU kind: fitted for `cpu`; assumed for the GPUs until a cluster run fits them."""
+
+
+def adapter_load_s(c: CostCoeffs, gpu: GpuSpec, num_bytes: float) -> float:
+    """Seconds of copying an adapter of `num_bytes` into a device slot."""
+    bandwidth = gpu.pcie_bandwidth_bytes_per_s * c.adapter_load_bandwidth_efficiency
+    return c.adapter_load_overhead_s + num_bytes / bandwidth
 
 
 def default_coeffs(gpu: GpuSpec) -> CostCoeffs:
@@ -282,10 +295,12 @@ def _adapter_read_s(c: CostCoeffs, p: CostProfile, batch: StepBatch, adapted: np
 def _lora_s(c: CostCoeffs, p: CostProfile, batch: StepBatch, mask: np.ndarray) -> float:
     """LoRA seconds of the items in `mask`: shrink/expand FLOPs and adapter reads of adapted
     tokens, plus what the engine's LoRA path costs every token of the step (slice launches and
-    per-token weight gathers over the wrapped modules of the layers each item runs)."""
-    if p.adapter_kind != "lora" or not mask.any():
+    per-token weight gathers over the wrapped modules of the layers each item runs). A profile
+    with wrapped slices but another adapter kind (DiReFT_P served by a LoRA-enabled vLLM)
+    pays the wrapper only."""
+    if not p.lora_slices_prefix[-1] or not mask.any():
         return 0.0
-    adapted = _adapted_mask(p, batch, mask)
+    adapted = _adapted_mask(p, batch, mask) if p.adapter_kind == "lora" else mask & False
     t = 0.0
     if adapted.any():
         t, num_adapters = _adapter_read_s(c, p, batch, adapted)
@@ -364,6 +379,9 @@ def predict_step(coeffs: CostCoeffs, profile: CostProfile, batch: StepBatch) -> 
     num_seqs = int((~batch.is_replay).sum())
     is_empty = num_seqs == 0 and not batch.is_replay.any() and batch.num_routing_decisions == 0
     overhead = coeffs.step_overhead_s + num_seqs * coeffs.per_sequence_overhead_s
+    if coeffs.layer_overhead_s and batch.first_layer.size:
+        overhead += coeffs.layer_overhead_s * float(batch.last_layer.max()
+                                                    - batch.first_layer.min())
     overhead = 0.0 if is_empty else overhead
     return StepCost(
         **regular,

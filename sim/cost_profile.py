@@ -105,8 +105,8 @@ def create_cost_profile(
     lora_wrapped_placements: list[tuple[int, str]] | None = None, min_decision_s: float = 0.0,
 ) -> CostProfile:
     """Precompute the per-layer arrays for `predict_step`. `lora_wrapped_placements` are the
-    (layer, module) slices the engine's LoRA path runs for every token (None: every module of
-    `LORA_MODULES` on every layer, as vLLM wraps them)."""
+    (layer, module) slices the engine's LoRA path runs for every token (None: for LoRA, every
+    module of `LORA_MODULES` on every layer, as vLLM wraps them; none for other kinds)."""
     layers = np.arange(arch.num_layers)
     moe = np.array([is_moe_layer(arch, int(i)) for i in layers], dtype=float)
     shared = 0
@@ -122,9 +122,9 @@ def create_cost_profile(
     tp = tensor_parallel_size
     kv_layer = kv_bytes_per_token_per_layer(arch) * kv_replication(arch, tp)
     adapter_weights = _adapter_weights_per_layer(arch, adapter_kind, list(adapter_placements))
-    if lora_wrapped_placements is None:
+    if lora_wrapped_placements is None and adapter_kind == "lora":
         lora_wrapped_placements = [(i, m) for i in range(arch.num_layers) for m in LORA_MODULES]
-    num_slices, width_in, width_out = _wrapped_widths(arch, lora_wrapped_placements)
+    num_slices, width_in, width_out = _wrapped_widths(arch, lora_wrapped_placements or [])
     edited = np.zeros(arch.num_layers, bool)
     edited[[layer for layer, _ in adapter_placements]] = adapter_kind == "direft"
     return CostProfile(

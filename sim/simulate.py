@@ -15,7 +15,7 @@ import simpy
 
 from sim.cluster import Router, replica_groups
 from sim.config import SimConfig, StrategySpec
-from sim.cost_model import routing_decision_s
+from sim.cost_model import adapter_load_s, routing_decision_s
 from sim.cost_profile import CostProfile, create_cost_profile
 from sim.disaggregation import Disaggregation
 from sim.engine import Engine
@@ -140,8 +140,8 @@ def validate_inputs(config: SimConfig, workload: Workload, num_kv_blocks: int) -
 
 
 def _adapter_load_s(config: SimConfig) -> list[float]:
-    pcie = config.gpu.pcie_bandwidth_bytes_per_s
-    return [a.num_bytes_per_gpu / pcie for a in config.strategy.adapters] or [0.0]
+    return [adapter_load_s(config.coeffs, config.gpu, a.num_bytes_per_gpu)
+            for a in config.strategy.adapters] or [0.0]
 
 
 def _build_replicas(env, config: SimConfig, pricer: StepPricer, num_kv_blocks: int,

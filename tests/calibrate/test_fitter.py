@@ -76,3 +76,20 @@ def test_fit_with_noise_reports_error_and_stays_close():
 def test_fit_rejects_unknown_terms():
     with pytest.raises(ValueError, match="unknown coefficients"):
         fit(synthetic_samples(TRUE, 0.0)[:4], ("warp_speed",), PROFILES)
+
+
+def test_adapter_load_fit_recovers_overhead_and_bandwidth_efficiency():
+    from calibrate.fitter import fit_adapter_loads
+
+    overhead, efficiency = 2e-3, 0.25
+    rng = np.random.default_rng(0)
+    loads = [dict(kind="activate", num_bytes=int(b),
+                  seconds=overhead + b / (GPU.pcie_bandwidth_bytes_per_s * efficiency))
+             for b in rng.integers(10**5, 10**7, 30)]
+    loads += [dict(kind="load", num_bytes=10**6, seconds=0.05)] * 3
+    coeffs, summary = fit_adapter_loads(loads, GPU)
+    assert coeffs["adapter_load_overhead_s"] == pytest.approx(overhead, rel=1e-6)
+    assert coeffs["adapter_load_bandwidth_efficiency"] == pytest.approx(efficiency, rel=1e-6)
+    assert summary["load"]["num_loads"] == 3 and summary["load"]["median_s"] == 0.05
+    assert summary["activate"]["fit_mape"] < 1e-6
+    assert fit_adapter_loads(loads[-3:], GPU)[0] == {}  # no activations: nothing to fit

@@ -15,7 +15,7 @@ from planner.points import PointStore  # noqa: E402
 from planner.profiles import PROFILES_DIR, load_profile  # noqa: E402
 from sim.cost_model import CostCoeffs  # noqa: E402
 
-SPEC = VllmEngineSpec(num_adapters=8)
+SPEC = VllmEngineSpec(num_adapters=12, max_loras=8)
 ASSUMED_BEFORE = CostCoeffs(gemm_flops_efficiency=0.5, attention_flops_efficiency=0.3,
                             memory_bandwidth_efficiency=0.6, step_overhead_s=5e-3)
 
@@ -31,7 +31,7 @@ def session(tmp_path_factory):
 def test_step_timer_records_every_step_with_its_features(session):
     probe = dict(kind="lora_p", num_requests=4, prompt_tokens=16, output_tokens=4,
                  num_adapters=2, repeat=0)
-    samples = session.run_probe(probe)
+    samples, _ = session.run_probe(probe)
     # One prefill step for the four prompts, then three decode steps (4 tokens each request).
     assert [s.num_new_tokens for s in samples] == [(16,) * 4] + [(1,) * 4] * 3
     assert [s.num_context_tokens for s in samples] == [(0,) * 4, (16,) * 4, (17,) * 4,
@@ -39,6 +39,40 @@ def test_step_timer_records_every_step_with_its_features(session):
     assert samples[0].adapter_ids == (1000, 1001, 1000, 1001)  # LoRA_P ids, 0-based
     assert samples[0].is_adapted == (True,) * 4 and samples[1].is_adapted == (False,) * 4
     assert all(s.measured_s > 0 and s.wall_s > 0 for s in samples)
+
+
+def test_direft_p_steps_are_adapted_at_prompt_positions_only(session):
+    probe = dict(kind="direft_p", num_requests=2, prompt_tokens=16, output_tokens=3,
+                 num_adapters=2, repeat=0)
+    samples, _ = session.run_probe(probe)
+    assert [s.group for s in samples] == ["direft_p"] * 3
+    assert samples[0].adapter_ids == (3000, 3001)  # DiReFT_P ids, 0-based
+    assert samples[0].is_adapted == (True, True)
+    assert all(s.is_adapted == (False, False) for s in samples[1:])
+
+
+def test_staggered_probe_times_steps_that_mix_a_prefill_with_decodes(session):
+    probe = dict(kind="lora", num_requests=3, prompt_tokens=40, output_tokens=6,
+                 num_adapters=2, stagger=2, repeat=0)
+    samples, _ = session.run_probe(probe)
+    mixed = [s for s in samples if 40 in s.num_new_tokens and 1 in s.num_new_tokens]
+    assert len(mixed) == 2  # the second and third prompts each joined a decoding batch
+    assert sum(s.num_new_tokens.count(40) for s in samples) == 3
+
+
+def test_adapter_loads_are_timed_with_their_bytes_and_kept_out_of_the_steps(session):
+    # Four adapters never used before: each is read from disk and activated into a slot.
+    probe = dict(kind="lora", num_requests=4, prompt_tokens=16, output_tokens=1,
+                 num_adapters=12, first_adapter=8, repeat=0)
+    samples, loads = session.run_probe(probe)
+    kinds = sorted(x["kind"] for x in loads)
+    assert kinds == ["activate"] * 4 + ["load"] * 4
+    # rank 8 on q/v/o/down of 4 layers: 8 x (in + out) x 4 bytes per slice, 16 slices.
+    per_adapter = 8 * 4 * 4 * ((256 + 256) + (256 + 128) + (256 + 256) + (512 + 256))
+    assert all(x["num_bytes"] == per_adapter and x["seconds"] > 0 for x in loads)
+    assert samples[0].adapter_load_s == pytest.approx(sum(x["seconds"] for x in loads))
+    _, again = session.run_probe(probe)  # now resident: nothing moves
+    assert again == []
 
 
 def test_profile_keeps_finished_probes_and_resumes(session, tmp_path):

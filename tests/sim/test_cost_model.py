@@ -428,3 +428,42 @@ def test_ced40_replay_is_bounded_while_reprefill_grows_with_context():
                  for c in (8192, 130_000)]
     assert reprefill[1] > 10 * reprefill[0]
     assert far < reprefill[0]
+
+
+def test_layer_overhead_is_paid_per_layer_the_step_runs():
+    # A full step runs 2 layers; a replay from layer 1 alone runs 1: what the replay saves.
+    coeffs = UNIT.model_copy(update={"layer_overhead_s": 1e-4})
+    full = step(ARCH, coeffs=coeffs, new=[1], ctx=[5])
+    assert full.overhead_s == approx(UNIT.step_overhead_s + UNIT.per_sequence_overhead_s + 2e-4)
+    replay = step(ARCH, coeffs=coeffs, new=[4], ctx=[5], first_layer=[1], is_replay=[True],
+                  is_last_chunk=[False])
+    assert replay.overhead_s == approx(UNIT.step_overhead_s + 1e-4)
+
+
+def test_direft_on_a_lora_engine_pays_the_lora_wrapper_but_no_lora_shrink():
+    # DiReFT_P served by a LoRA-enabled vLLM: the wrapper launches its 14 slices and gathers
+    # the expand side for every token; no token is LoRA-adapted, so no shrink and no
+    # per-step LoRA launch.
+    coeffs = UNIT.model_copy(update={"lora_slice_launch_s": 1e-6, "lora_token_gather_share": 1.0,
+                                     "lora_launch_overhead_s": 1.0})
+    wrapped = [(i, m) for i in range(2) for m in
+               ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")]
+    profile = create_cost_profile(ARCH, GPU, adapter_kind="direft", adapter_rank=4,
+                                  adapter_placements=[(0, "q_proj"), (1, "o_proj")],
+                                  lora_wrapped_placements=wrapped)
+    cost = step(ARCH, profile, coeffs, new=[1], ctx=[5], adapter_ids=[0])
+    # expand gather: out-features 64 x 2 layers x 1 token x rank 4 x 2 bytes = 1024 bytes.
+    assert cost.lora_s == approx(14e-6 + 1.024e-7)
+    assert cost.direft_s > 0
+    plain = lora_profile("direft", ((0, "q_proj"), (1, "o_proj")))
+    assert step(ARCH, plain, coeffs, new=[1], ctx=[5], adapter_ids=[0]).lora_s == 0.0
+
+
+def test_adapter_load_is_a_fixed_cost_plus_bytes_over_the_achieved_bandwidth():
+    from sim.cost_model import adapter_load_s
+
+    coeffs = CostCoeffs(adapter_load_overhead_s=1e-3, adapter_load_bandwidth_efficiency=0.5)
+    # 1e9 bytes over half of GPU's PCIe bandwidth.
+    assert adapter_load_s(coeffs, GPU, 1e9) == approx(
+        1e-3 + 1e9 / (0.5 * GPU.pcie_bandwidth_bytes_per_s))
+    assert adapter_load_s(CostCoeffs(), GPU, 1e9) == approx(1e9 / GPU.pcie_bandwidth_bytes_per_s)
