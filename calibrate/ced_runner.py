@@ -184,8 +184,10 @@ def fit_ced(root: Path, *, name: str, out_dir: Path):
         raise ValueError(f"{root / 'samples'}: no CED samples")
     profiles = ced_group_profiles(meta["engine"]["settings"]["num_head_params"])
     train, test = split_held_out(samples)
+    # layer_overhead_s: the torch engine's per-layer host work (Python, small ops) whatever the
+    # tokens; a bounded replay runs the decoder layers only, so it pays about half of it.
     terms = DEFAULT_TERMS + ("lora_flops_efficiency", "lora_launch_overhead_s",
-                             "lora_slice_launch_s", "routing_overhead_s")
+                             "lora_slice_launch_s", "routing_overhead_s", "layer_overhead_s")
     # The torch engine applies LoRA per slot on the adapted modules only: no per-token gather.
     start = DEFAULT_COEFFS["cpu"].model_copy(update={"lora_token_gather_share": 0.0})
     result = fit(train, terms, profiles, start=start, held_out=test)

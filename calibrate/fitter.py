@@ -3,7 +3,7 @@
 `fit(samples, model_terms, profiles, start=...) -> FitResult` moves the named `CostCoeffs` fields
 (inside the ranges their pydantic fields allow) so that `sim.cost_model.predict_step` matches
 the measured step seconds: least squares with residuals scaled per kind of step (see
-`_bucket_medians`), scipy's trust-region reflective solver. The
+`_bucket_scales`), scipy's trust-region reflective solver. The
 result carries each coefficient's standard error and, per sample group, MAPE and R² on the
 fitting samples and on held-out ones. The simulator itself never imports this module.
 """
@@ -108,7 +108,7 @@ def fit(samples: list[StepSample], model_terms: tuple[str, ...],
     scale = np.where(x0 > 0, x0, np.where(np.isfinite(hi), hi * 1e-3, 1e-3))
     batches = [(profiles[s.group], s.batch(profiles[s.group].num_layers)) for s in samples]
     measured = np.array([s.measured_s for s in samples])
-    scale_s = _bucket_medians(samples, measured)
+    scale_s = _bucket_scales(samples, measured)
 
     def coeffs_at(x):
         return start.model_copy(update=dict(zip(model_terms, (float(v) for v in x * scale),
@@ -120,7 +120,7 @@ def fit(samples: list[StepSample], model_terms: tuple[str, ...],
         return (predicted - measured) / scale_s
 
     solution = least_squares(residuals, x0 / scale, bounds=(lo / scale, hi / scale),
-                             x_scale="jac", diff_step=1e-4)
+                             x_scale="jac", diff_step=1e-4, ftol=1e-6, xtol=1e-6)
     coeffs = CostCoeffs(**coeffs_at(solution.x).model_dump())  # validated
     return FitResult(coeffs=coeffs, terms=tuple(model_terms),
                      stderr=_stderr(solution, scale, model_terms),
@@ -129,16 +129,48 @@ def fit(samples: list[StepSample], model_terms: tuple[str, ...],
                      num_iterations=int(solution.nfev))
 
 
-def _bucket_medians(samples: list[StepSample], measured: np.ndarray) -> np.ndarray:
-    """Per sample, the median measured time of its (group, decode-only or not) bucket.
+def step_kind(s: StepSample) -> str:
+    """"decode" (one token per item), "prefill" (prompt chunks only) or "mixed"."""
+    if max(s.num_new_tokens, default=1) == 1:
+        return "decode"
+    return "mixed" if min(s.num_new_tokens) == 1 else "prefill"
 
-    Residuals are divided by it so that a 5 ms decode step and a 300 ms prefill weigh alike,
-    while within a bucket plain least squares fits the mean time (what throughput and latency
-    add up), not the median a relative or robust loss would settle on."""
-    keys = [(s.group, max(s.num_new_tokens, default=1) == 1) for s in samples]
+
+def _bucket_scales(samples: list[StepSample], measured: np.ndarray) -> np.ndarray:
+    """Per sample, what its residual is divided by: the median measured time of its (group,
+    kind of step) bucket, times the square root of the bucket's size over the mean size.
+
+    So a 5 ms decode step and a 300 ms prefill weigh alike, and so do a bucket of 2,000 decode
+    steps and one of 60 mixed steps (the steps that price serving's TTFT), while within a
+    bucket plain least squares fits the mean time (what throughput and latency add up), not
+    the median a relative or robust loss would settle on."""
+    keys = [(s.group, step_kind(s)) for s in samples]
+    counts: dict = {}
+    for k in keys:
+        counts[k] = counts.get(k, 0) + 1
+    mean_count = len(keys) / len(counts)
     medians = {k: float(np.median([m for kk, m in zip(keys, measured, strict=True) if kk == k]))
-               for k in set(keys)}
-    return np.array([medians[k] for k in keys])
+               for k in counts}
+    return np.array([medians[k] * np.sqrt(counts[k] / mean_count) for k in keys])
+
+
+def thin_decode_steps(samples: list[StepSample], keep: int = 4,
+                      keep_staggered: int = 12) -> list[StepSample]:
+    """At most `keep` evenly spaced decode steps per probe of identical requests submitted at
+    once (its decode steps differ only by a token of context), `keep_staggered` per staggered
+    probe; every prefill and mixed step. Cuts the fit's cost several times over without losing
+    a kind of step."""
+    by_probe: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        if step_kind(s) == "decode":
+            by_probe.setdefault(repr(sorted(s.tags.items())), []).append(i)
+    dropped = set()
+    for indices in by_probe.values():
+        limit = keep_staggered if samples[indices[0]].tags.get("stagger") else keep
+        if len(indices) > limit:
+            kept = set(np.linspace(0, len(indices) - 1, limit).round().astype(int).tolist())
+            dropped |= {idx for j, idx in enumerate(indices) if j not in kept}
+    return [s for i, s in enumerate(samples) if i not in dropped]
 
 
 def _stderr(solution, scale, terms) -> dict[str, float]:

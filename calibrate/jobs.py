@@ -20,6 +20,7 @@ from calibrate.fitter import (
     create_calibration_profile,
     fit_adapter_loads,
     group_profiles,
+    thin_decode_steps,
     write_profile,
 )
 from calibrate.fitter import (
@@ -42,8 +43,8 @@ def _command() -> str:
 
 
 RANK_GRID = (16, 32)
-"""max_lora_rank values profiled on their own engines beside rank 8 (LoRA only, fewer probes:
-the rank changes the adapter terms' shapes, not the scheduler)."""
+"""max_lora_rank values profiled on their own engines beside rank 8 (LoRA only, fewer probes
+and one repeat: the rank changes the adapter terms' shapes, not the scheduler)."""
 
 
 def profile(out: Path, *, engine: str = "all", device: str = "cpu", gpu_kind: str = "cpu",
@@ -60,7 +61,8 @@ def profile(out: Path, *, engine: str = "all", device: str = "cpu", gpu_kind: st
         runs += [(VllmEngineSpec(device=device, gpu_kind=gpu_kind, max_lora_rank=rank),
                   ("lora",), (1, 8, 32)) for rank in (() if quick else RANK_GRID)]
         for spec, kinds, counts in runs:
-            profile_vllm(out / "work", samples, spec, kinds=kinds, num_repeats=num_repeats,
+            repeats = num_repeats if spec.max_lora_rank == 8 else 1
+            profile_vllm(out / "work", samples, spec, kinds=kinds, num_repeats=repeats,
                          quick=quick, adapter_counts=counts,
                          on_progress=hook(f"{engine_name(spec)} " + "+".join(kinds)))
     if engine in ("ced", "all"):
@@ -102,7 +104,7 @@ def fit(root: Path, *, name: str, out_dir: Path, engine: str = "vllm"):
     start = DEFAULT_COEFFS.get(gpu.name, CostCoeffs()).model_copy(update=load_coeffs)
     terms = DEFAULT_TERMS + LORA_TERMS
     terms += DIREFT_TERMS if any(s.group == "direft_p" for s in samples) else ()
-    result = fit_samples(train, terms, profiles, start=start, held_out=test)
+    result = fit_samples(thin_decode_steps(train), terms, profiles, start=start, held_out=test)
     profile_ = create_calibration_profile(
         result, name=name, model="vllm-tiny-llama", engine=meta["engine"],
         hardware=meta["hardware"], packages=meta["packages"], num_samples=len(samples),

@@ -57,10 +57,16 @@ def validation_workloads(num_requests: int, *, quick: bool = False) -> list[v.Va
     return out
 
 
+VALIDATION_MAX_LORAS = 8
+"""Device adapter slots of the validation engine: fewer than the 32-adapter mixes, so slot
+contention (a request waits for a free slot) and slot loads are validated too, on an engine the
+profile (32 slots) was not measured on."""
+
+
 def _engine_spec(profile_) -> VllmEngineSpec:
     settings = {k: val for k, val in profile_.engine.settings.items()
                 if k in VllmEngineSpec.__dataclass_fields__}
-    return VllmEngineSpec(**settings)
+    return replace(VllmEngineSpec(**settings), max_loras=VALIDATION_MAX_LORAS)
 
 
 def _measure(out: Path, spec: VllmEngineSpec, workloads, num_repeats: int, clock: str,
@@ -78,7 +84,9 @@ def _measure(out: Path, spec: VllmEngineSpec, workloads, num_repeats: int, clock
         return records, int(blocks_file.read_text())
     session = VllmSession(out / "work", spec)
     try:
-        session.warm_up()
+        # Every adapter read into the CPU cache once: runs then only move adapters into slots,
+        # the loads the simulator prices (it holds every adapter in host memory).
+        session.warm_up(num_adapters=max(w.num_adapters for w in workloads))
         blocks = int(session.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks)
         blocks_file.parent.mkdir(parents=True, exist_ok=True)
         blocks_file.write_text(str(blocks))
@@ -123,7 +131,11 @@ def run_validation(profile_, out: Path, *, num_repeats: int, num_requests: int, 
     switch = _ced_switch(out, num_repeats, on_progress) if not quick else []
     report = dict(profile=profile_.name, created_utc=dt.datetime.now(dt.UTC).isoformat(
         timespec="seconds"), clock=clock, num_repeats=num_repeats, num_requests=num_requests,
-        machine=machine_fingerprint(), load_average_start=list(load_at_start),
+        machine=machine_fingerprint(), profile_machine=dict(profile_.hardware.fingerprint),
+        validation_engine=dict(max_loras=spec.max_loras, max_lora_rank=spec.max_lora_rank,
+                               max_num_seqs=spec.max_num_seqs,
+                               max_num_batched_tokens=spec.max_num_batched_tokens),
+        load_average_start=list(load_at_start),
         load_average_end=list(load_average()), command=command,
         load_average_1min_during_runs=[min(loads), float(np.median(loads)), max(loads)],
         goals=v.goal_summary(rows), rows=rows, runs=runs_by_workload, ced_switch=switch)

@@ -213,6 +213,21 @@ def _cell(row: dict) -> str:
     return f"{row['error']:+.1%} <sub>±{row['run_spread'] / 2:.0%}</sub>"
 
 
+def _machine_lines(report: dict) -> list[str]:
+    """Where the profile was measured, when that is not this machine, and the engine limits."""
+    lines = []
+    here, there = report["machine"].get("cpu"), report.get("profile_machine", {}).get("cpu")
+    if there and there != here:
+        lines += [f"The profile was measured on another processor ({there}); this table's "
+                  f"engine runs on {here}.", ""]
+    if report.get("validation_engine"):
+        e = report["validation_engine"]
+        lines += [f"Validation engine: max_num_seqs={e['max_num_seqs']}, max_num_batched_tokens="
+                  f"{e['max_num_batched_tokens']}, max_loras={e['max_loras']}, max_lora_rank="
+                  f"{e['max_lora_rank']}.", ""]
+    return lines
+
+
 def markdown_table(report: dict) -> str:
     """The validation report as markdown: goals, then per workload the signed error of each
     metric with half the engine's run-to-run spread ((max - min) / median / 2) beside it."""
@@ -228,6 +243,7 @@ def markdown_table(report: dict) -> str:
         f"{'/'.join(f'{x:.1f}' for x in report['load_average_1min_during_runs'])}; "
         f"(1/5/15 min) when this table was written "
         f"{'/'.join(f'{x:.1f}' for x in report['load_average_end'])}.", "",
+        *_machine_lines(report),
         f"Command: `{report['command']}`", "",
         "## Median absolute error per metric family", "",
         "Throughput: offline workloads only (open-loop throughput is the offered load). Latency: "

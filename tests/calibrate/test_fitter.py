@@ -93,3 +93,30 @@ def test_adapter_load_fit_recovers_overhead_and_bandwidth_efficiency():
     assert summary["load"]["num_loads"] == 3 and summary["load"]["median_s"] == 0.05
     assert summary["activate"]["fit_mape"] < 1e-6
     assert fit_adapter_loads(loads[-3:], GPU)[0] == {}  # no activations: nothing to fit
+
+
+def test_thinning_keeps_every_kind_of_step_and_few_decodes_per_batch_probe():
+    from calibrate.fitter import step_kind, thin_decode_steps
+
+    def sample(new, **tags):
+        n = len(new)
+        return StepSample("lora", tuple(new), (5,) * n, (0,) * n, (True,) * n, 1e-3, tags=tags)
+
+    batch = [sample([40] * 4, probe=1)] + [sample([1] * 4, probe=1) for _ in range(11)]
+    staggered = [sample([1, 1], probe=2, stagger=2) for _ in range(9)] + [
+        sample([40, 1], probe=2, stagger=2)]
+    kept = thin_decode_steps(batch + staggered, keep=4)
+    assert [step_kind(s) for s in kept].count("prefill") == 1
+    assert sum(1 for s in kept if step_kind(s) == "decode" and "stagger" not in s.tags) == 4
+    assert sum(1 for s in kept if s.tags.get("stagger")) == 10  # staggered probes untouched
+    assert kept[1] is batch[1] and kept[4] is batch[-1]  # evenly spaced, both ends kept
+
+
+def test_bucket_scales_weigh_a_small_bucket_like_a_large_one():
+    from calibrate.fitter import _bucket_scales
+
+    small = [StepSample("base", (100,), (0,), (-1,), (False,), 0.1)] * 4
+    large = [StepSample("base", (1,), (50,), (-1,), (False,), 0.01)] * 64
+    scales = _bucket_scales(small + large, np.array([0.1] * 4 + [0.01] * 64))
+    # Each bucket's summed squared unit residual is its size over its scale squared: equal.
+    assert 4 / scales[0] ** 2 * 0.1 ** 2 == pytest.approx(64 / scales[-1] ** 2 * 0.01 ** 2)
