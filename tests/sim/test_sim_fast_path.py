@@ -163,3 +163,19 @@ def test_fast_equals_reference_with_the_fitted_cpu_lora_terms(kind):
                                arrival_rate_per_s=50.0)
     ref, fast = both_modes(config, workload)
     assert_same_requests(ref, fast)
+
+
+def test_fast_equals_reference_on_mooncake_hash_ids_with_evictions():
+    # Trace hash ids name the blocks (shared leading ids, partial last id); a pool of 900
+    # blocks for about 2,600 blocks of prompts makes the prefix cache evict.
+    from sim.traces import TRACES_DIR, trace_workload
+
+    workload = trace_workload(np.random.default_rng(0),
+                              TRACES_DIR / "mooncake_fast25" / "conversation_trace.jsonl",
+                              num_domains=4, fmt="jsonl", hash_ids_column="hash_ids",
+                              time_unit="ms", max_requests=30, length_scale=0.1,
+                              hash_block_tokens=128)
+    config = small_config("multi_lora", max_num_seqs=8, block_size=16, num_kv_blocks=900)
+    ref, fast = both_modes(config, workload)
+    assert fast.requests["num_cached_tokens"].sum() > 0
+    assert_same_requests(ref, fast)

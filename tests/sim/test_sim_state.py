@@ -26,6 +26,29 @@ def test_prefix_cache_hits_then_lru_eviction():
     kv.check_invariants()
 
 
+def test_shared_prefix_release_keeps_lru_order_tail_first():
+    # Two sequences share blocks a, b; the first also holds c, d. Releasing it frees only its
+    # own tail (d, then c); the shared blocks follow (b, then a) when the second one leaves.
+    kv = KvBlockManager(num_blocks=6, block_size=16, enable_prefix_caching=True)
+    kv.allocate(4)
+    for key in ("a", "b", "c", "d"):
+        assert kv.register(key)
+    kv.acquire_cached(["a", "b"])
+    kv.allocate(1)  # the second sequence's private block
+    kv.release(["a", "b", "c", "d"])
+    assert (kv.num_used, kv.count_evictable(["a", "b", "c", "d"])) == (3, 2)
+    kv.release(["a", "b", None])
+    kv.allocate(3)  # 2 uncached free blocks, then evicts the LRU one: d
+    assert kv.count_cached_prefix(["a", "b", "c"]) == 3 and kv.num_evictions == 1
+    kv.allocate(1)  # then c
+    assert kv.count_cached_prefix(["a", "b", "c"]) == 2
+    kv.allocate(1)  # then b
+    assert kv.count_cached_prefix(["a", "b"]) == 1
+    kv.acquire_cached(["a"])
+    assert kv.num_free == 0
+    kv.check_invariants()
+
+
 def test_duplicate_registration_and_disabled_cache():
     kv = KvBlockManager(num_blocks=2, block_size=16, enable_prefix_caching=True)
     kv.allocate(2)
