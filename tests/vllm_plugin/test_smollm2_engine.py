@@ -13,11 +13,11 @@ from engine_ext.vllm_plugin.runtime import reset_state
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("smollm2")
-    model, tokenizer = smollm2_llama(torch.bfloat16)
+    model, tokenizer = smollm2_llama(torch.float32)
     model.save_pretrained(root / "smollm2")
     del model
     reset_state()
-    llm = create_llm(root / "smollm2", dtype="bfloat16", enable_lora=False, max_model_len=512,
+    llm = create_llm(root / "smollm2", dtype="float32", enable_lora=False, max_model_len=512,
                      max_num_batched_tokens=512, enable_prefix_caching=False)
     yield llm, tokenizer
     shutdown_llm(llm)
