@@ -41,16 +41,19 @@ class KvBlockManager:
         self.num_free_uncached = num_blocks
         self._refs: dict[Hashable, int] = {}
         self._evictable: OrderedDict[Hashable, None] = OrderedDict()
-        self._run_ids: dict[tuple[int, int], int] = {}
+        self._run_ids: dict[tuple[int, bool, int], int] = {}
         self.num_evictions = 0
 
-    def key_base(self, namespace: int, name: int) -> int:
+    def key_base(self, namespace: int, name: int, is_trace_hash: bool = False) -> int:
         """Key of block 0 of the run named (namespace, name), a text stream or a trace hash id:
-        block j of it is `key_base + j`. Plain ints hash and compare faster than tuples."""
+        block j of it is `key_base + j`. Plain ints hash and compare faster than tuples.
+        Streams and trace hash ids are separate name spaces: a MoL hop keyed by conversation 5
+        and an answer under trace hash id 5 in one adapter's KV are different text."""
         run_ids = self._run_ids
-        run_id = run_ids.get((namespace, name))
+        run = (namespace, is_trace_hash, name)
+        run_id = run_ids.get(run)
         if run_id is None:
-            run_id = run_ids[namespace, name] = len(run_ids)
+            run_id = run_ids[run] = len(run_ids)
         # The run in the high bits keeps keys distinct; a scrambled offset in the low bits
         # spreads runs over the dicts' slots (which the low bits pick): with the block index
         # alone there, block j of every run would probe the same slot.

@@ -114,13 +114,13 @@ class Sequence:
         return self.stream_id != PRIVATE_STREAM or self.hash_ids is not None
 
     def block_key_runs(self, start: int, stop: int, block_size: int,
-                       key_base: Callable[[int, int], int]) -> list[range]:
+                       key_base: Callable[..., int]) -> list[range]:
         """Cache keys of blocks start..stop-1, cut at the first block holding private tokens, as
         runs of consecutive ints (one per stream, or one per trace hash id).
 
         Block j is named by (namespace, stream, j), or under trace hash ids by (namespace, the
-        hash id covering it, j); `key_base(namespace, name)` turns a name into the key of its
-        block 0."""
+        hash id covering it, j); `key_base(namespace, name, is_trace_hash)` turns a name into
+        the key of its block 0."""
         stop = min(stop, self.num_stream_tokens // block_size)
         if stop <= start:
             return []
@@ -137,13 +137,13 @@ class Sequence:
         while j < stop:
             position = j * block_size // per_id
             end = min(stop, -(-(position + 1) * per_id // block_size))  # past its hash id
-            base = key_base(ns, ids[position])
+            base = key_base(ns, ids[position], True)
             runs.append(range(base + j, base + end))
             j = end
         return runs
 
     def block_keys_between(self, start: int, stop: int, block_size: int,
-                           key_base: Callable[[int, int], int]) -> list[int]:
+                           key_base: Callable[..., int]) -> list[int]:
         """The keys of `block_key_runs` as one list."""
         runs = self.block_key_runs(start, stop, block_size, key_base)
         if len(runs) == 1:

@@ -101,3 +101,19 @@ def test_conversations_walk_domains_and_grow_context():
     assert w.max_context_tokens() == 100 + 5 * 30
     think = w.turn_think_s.reshape(400, 5)
     assert (think[:, 0] == 0).all() and think[:, 1:].mean() == pytest.approx(2.0, rel=0.1)
+
+
+def test_stream_and_trace_hash_blocks_never_share_keys():
+    """A MoL hop's blocks are named by its conversation, an answer's under a trace by hash ids:
+    in one adapter's KV, conversation 5 and hash id 5 are different text."""
+    from sim.sequence import Sequence
+
+    kv = KvBlockManager(num_blocks=64, block_size=16, enable_prefix_caching=True)
+    common = dict(hop="answer", adapter=0, kv_namespace=0, num_prompt_tokens=64,
+                  num_output_tokens=1, submit_s=0.0, num_stream_prompt_tokens=64)
+    by_stream = Sequence(seq_id=1, stream_id=5, **common)
+    by_hash = Sequence(seq_id=2, stream_id=5, hash_ids=(5,), hash_block_tokens=64, **common)
+    stream_keys = by_stream.block_keys_between(0, 4, 16, kv.key_base)
+    hash_keys = by_hash.block_keys_between(0, 4, 16, kv.key_base)
+    assert len(stream_keys) == len(hash_keys) == 4
+    assert not set(stream_keys) & set(hash_keys)
