@@ -20,6 +20,7 @@ import numpy as np
 from calibrate import validator as v
 from calibrate.recorder import load_average, machine_fingerprint
 from calibrate.runner import VllmEngineSpec, VllmSession, replay_open_loop
+from calibrate.step_check import check_steps, replay_steps
 
 KINDS = ("base", "lora", "lora_p")
 
@@ -69,6 +70,18 @@ def _engine_spec(profile_) -> VllmEngineSpec:
     return replace(VllmEngineSpec(**settings), max_loras=VALIDATION_MAX_LORAS)
 
 
+def _group_profiles(spec: VllmEngineSpec) -> dict:
+    """Cost profile of each replay step group ("base", "lora", "lora_p") on the cpu entry."""
+    from calibrate.fitter import group_profiles
+    from calibrate.runner import TARGETS
+    from sim.catalogue import get_gpu, get_model
+
+    arch = get_model("vllm-tiny-llama")
+    return group_profiles(arch, get_gpu(spec.gpu_kind), adapter_rank=spec.max_lora_rank,
+                          adapter_placements=[(i, m) for i in range(arch.num_layers)
+                                              for m in TARGETS], ranks=())
+
+
 def _measure(out: Path, spec: VllmEngineSpec, workloads, num_repeats: int, clock: str,
              hook) -> tuple[dict, int]:
     """Runs of `workloads` on one engine: {(name, repeat): summary}, and its KV blocks."""
@@ -93,8 +106,21 @@ def _measure(out: Path, spec: VllmEngineSpec, workloads, num_repeats: int, clock
 
         def run(payload: dict) -> dict:
             w = workloads[payload["workload"]]
-            turns = replay_open_loop(session, list(w.conversations), clock=clock)
-            return dict(summary=v.summarize_turns(turns), load_average=load_average())
+            # Each run replays the same prompts: without a reset, runs after the first found
+            # them in the prefix cache (23% fewer tokens computed offline), which the
+            # simulator, starting cold, does not.
+            if not session.llm.reset_prefix_cache():
+                raise RuntimeError("vLLM did not reset its prefix cache between runs")
+            session.timer.drain()
+            session.timer.enable(True)
+            try:
+                turns = replay_open_loop(session, list(w.conversations), clock=clock)
+            finally:
+                session.timer.enable(False)
+            steps = replay_steps(session.timer.drain(), group=w.kind,
+                                 prefill_only_ids=session.prefill_only_ids)
+            return dict(summary=v.summarize_turns(turns), load_average=load_average(),
+                        steps=steps)
 
         records = run_points(tasks, run, store, backend="inline",
                              on_done=progress_counter(len(tasks), hook))
@@ -108,7 +134,7 @@ def run_validation(profile_, out: Path, *, num_repeats: int, num_requests: int, 
     """Measure, predict, compare; write OUT/validation.md and OUT/validation.json."""
     workloads = validation_workloads(num_requests, quick=quick)
     spec = _engine_spec(profile_)
-    rows, runs_by_workload, loads = [], {}, []
+    rows, runs_by_workload, loads, step_checks = [], {}, [], {}
     for enable_lora in (False, True):
         mine = [w for w in workloads if (w.kind != "base") == enable_lora]
         if not mine:
@@ -126,6 +152,10 @@ def run_validation(profile_, out: Path, *, num_repeats: int, num_requests: int, 
             runs_by_workload[w.name] = runs
             rows += v.compare(w.name, runs, v.predict(w, profile_.coefficients, engine_spec,
                                                       blocks))
+            step_runs = [rec["result"]["steps"] for rec in mine_ok if "steps" in rec["result"]]
+            if step_runs:
+                step_checks[w.name] = check_steps(step_runs, profile_.coefficients,
+                                                  _group_profiles(spec))
     if not rows:
         raise RuntimeError("no validation run finished")
     switch = _ced_switch(out, num_repeats, on_progress) if not quick else []
@@ -138,7 +168,8 @@ def run_validation(profile_, out: Path, *, num_repeats: int, num_requests: int, 
         load_average_start=list(load_at_start),
         load_average_end=list(load_average()), command=command,
         load_average_1min_during_runs=[min(loads), float(np.median(loads)), max(loads)],
-        goals=v.goal_summary(rows), rows=rows, runs=runs_by_workload, ced_switch=switch)
+        goals=v.goal_summary(rows), rows=rows, runs=runs_by_workload, ced_switch=switch,
+        step_checks=step_checks)
     out.mkdir(parents=True, exist_ok=True)
     (out / "validation.json").write_text(json.dumps(report, indent=2))
     md = out / "validation.md"

@@ -228,6 +228,29 @@ def _machine_lines(report: dict) -> list[str]:
     return lines
 
 
+def _step_check_lines(checks: dict) -> list[str]:
+    """The replays' own steps priced one by one (calibrate.step_check), per workload."""
+    if not checks:
+        return []
+    lines = ["", "## The replays' own engine steps, priced one by one", "",
+             "Every step the engine ran in the runs above (step timer on), priced by the cost "
+             "model under the profile: median step, median error of a step, error of their "
+             "total; host share: the steps' time outside the model runner (scheduling, output "
+             "handling, requests added between steps).", "",
+             "| workload | decode steps | ms p50 | error p50 | total error | prefill+mixed steps"
+             " | ms p50 | error p50 | total error | host share |", "|---" * 10 + "|"]
+    for name, check in checks.items():
+        by_kind = {r["kind"]: r for r in check["rows"]}
+        cells = []
+        for kind in ("decode", "prefill+mixed"):
+            r = by_kind.get(kind)
+            cells += ([str(r["num_steps"]), f"{r['measured_median_s'] * 1e3:.2f}",
+                       f"{r['median_error']:+.1%}", f"{r['total_error']:+.1%}"]
+                      if r else ["0", "-", "-", "-"])
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {check['host_share']:.1%} |")
+    return lines
+
+
 def markdown_table(report: dict) -> str:
     """The validation report as markdown: goals, then per workload the signed error of each
     metric with half the engine's run-to-run spread ((max - min) / median / 2) beside it."""
@@ -266,6 +289,7 @@ def markdown_table(report: dict) -> str:
         t = metrics["throughput_tokens_per_s"]
         lines.append(f"| {name} | {t['measured_median']:.0f} | {t['predicted']:.0f} | "
                      + " | ".join(_cell(metrics[s]) for s in shown) + " |")
+    lines += _step_check_lines(report.get("step_checks", {}))
     if report.get("ced_switch"):
         lines += ["", "## CED engine: switch cost by context (bounded replay vs re-prefill)", "",
                   f"Torch CED engine (`ced-small`), profile `{report['ced_switch'][0]['profile']}`"
