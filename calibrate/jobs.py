@@ -87,7 +87,7 @@ def fit(root: Path, *, name: str, out_dir: Path, engine: str = "vllm"):
 
         return fit_ced(Path(root), name=name, out_dir=Path(out_dir))
     from sim.catalogue import get_gpu, get_model
-    from sim.cost_model import DEFAULT_COEFFS, CostCoeffs
+    from sim.cost_model import CostCoeffs
 
     root = Path(root)
     meta = _meta(root, "vllm-lora")
@@ -101,7 +101,9 @@ def fit(root: Path, *, name: str, out_dir: Path, engine: str = "vllm"):
                               adapter_placements=[(i, m) for i in range(4) for m in TARGETS])
     train, test = split_held_out(samples)
     load_coeffs, load_summary = fit_adapter_loads(load_adapter_loads(root / "samples"), gpu)
-    start = DEFAULT_COEFFS.get(gpu.name, CostCoeffs()).model_copy(update=load_coeffs)
+    # From the plain defaults, not the shipped profile: the solver scales each term by its
+    # start, so a term an earlier fit left at ~1e-11 could hardly move again.
+    start = CostCoeffs().model_copy(update=load_coeffs)
     terms = DEFAULT_TERMS + LORA_TERMS
     terms += DIREFT_TERMS if any(s.group == "direft_p" for s in samples) else ()
     result = fit_samples(thin_decode_steps(train), terms, profiles, start=start, held_out=test)
