@@ -49,6 +49,8 @@ class StepSample:
     the simulator prices loads with their own term)."""
     tags: dict = field(default_factory=dict)
     """Probe parameters (batch, prompt length, adapters, repeat) for grouping errors."""
+    is_prompt: tuple[bool, ...] | None = None
+    """Prompt chunk per item (None: an item of more than one token that is not a replay)."""
 
     def batch(self, num_layers: int) -> StepBatch:
         """The cost model's view of this step."""
@@ -58,6 +60,7 @@ class StepSample:
             adapter_ids=list(self.adapter_ids), is_adapted=list(self.is_adapted),
             first_layer=None if self.first_layer is None else list(self.first_layer),
             is_replay=None if replay is None else list(replay),
+            is_prompt=None if self.is_prompt is None else list(self.is_prompt),
             num_routing_decisions=self.num_routing_decisions)
 
     def to_json(self) -> dict:
@@ -88,17 +91,19 @@ def samples_from_vllm_steps(timings, *, group: str, prefill_only_ids: set[int],
         if end - start > 4 * (step_end - start) + 0.05:
             end = step_end  # the client paused between generate calls: not engine time
         load_s = t.adapter_load_cpu_s if clock == "cpu" else t.adapter_load_s
-        adapted = []
+        adapted, is_prompt = [], []
         for new, computed, prompt, lora in zip(t.num_scheduled_tokens, t.num_computed_tokens,
                                                t.num_prompt_tokens, t.lora_ids, strict=True):
             in_prompt = computed + new <= prompt
             adapted.append(lora != 0 and (in_prompt or lora not in prefill_only_ids))
+            is_prompt.append(in_prompt)
         out.append(StepSample(
             group=group, num_new_tokens=t.num_scheduled_tokens,
             num_context_tokens=t.num_computed_tokens,
             adapter_ids=tuple(x - 1 if x else -1 for x in t.lora_ids),
             is_adapted=tuple(adapted), measured_s=end - start - load_s,
-            wall_s=t.end_s - t.start_s, adapter_load_s=load_s, tags=tags))
+            wall_s=t.end_s - t.start_s, adapter_load_s=load_s, tags=tags,
+            is_prompt=tuple(is_prompt)))
     return out
 
 

