@@ -103,6 +103,7 @@ def measured(session):
     runs = {kind: [] for kind in workloads}
     for _ in range(3):
         for kind, w in workloads.items():
+            session.llm.reset_prefix_cache()  # each run cold, as the simulator starts
             runs[kind].append(v.summarize_turns(replay_open_loop(session, list(w.conversations))))
     return {kind: (w, {m: float(np.median([r[m] for r in runs[kind]])) for m in runs[kind][0]},
                    blocks) for kind, w in workloads.items()}
