@@ -82,6 +82,25 @@ def _group_profiles(spec: VllmEngineSpec) -> dict:
                                               for m in TARGETS], ranks=())
 
 
+def measure_run(session: VllmSession, w: v.ValidationWorkload, clock: str) -> dict:
+    """One run of `w` from an empty prefix cache, the step timer on: its summary, the machine's
+    load and the replay's own steps (`calibrate.step_check`)."""
+    # Each run replays the same prompts: without a reset, runs after the first found them in
+    # the prefix cache (23% fewer tokens computed offline), which the simulator, starting
+    # cold, does not.
+    if not session.llm.reset_prefix_cache():
+        raise RuntimeError("vLLM did not reset its prefix cache between runs")
+    session.timer.drain()
+    session.timer.enable(True)
+    try:
+        turns = replay_open_loop(session, list(w.conversations), clock=clock)
+    finally:
+        session.timer.enable(False)
+    steps = replay_steps(session.timer.drain(), group=w.kind,
+                         prefill_only_ids=session.prefill_only_ids)
+    return dict(summary=v.summarize_turns(turns), load_average=load_average(), steps=steps)
+
+
 def _measure(out: Path, spec: VllmEngineSpec, workloads, num_repeats: int, clock: str,
              hook) -> tuple[dict, int]:
     """Runs of `workloads` on one engine: {(name, repeat): summary}, and its KV blocks."""
@@ -105,22 +124,7 @@ def _measure(out: Path, spec: VllmEngineSpec, workloads, num_repeats: int, clock
         blocks_file.write_text(str(blocks))
 
         def run(payload: dict) -> dict:
-            w = workloads[payload["workload"]]
-            # Each run replays the same prompts: without a reset, runs after the first found
-            # them in the prefix cache (23% fewer tokens computed offline), which the
-            # simulator, starting cold, does not.
-            if not session.llm.reset_prefix_cache():
-                raise RuntimeError("vLLM did not reset its prefix cache between runs")
-            session.timer.drain()
-            session.timer.enable(True)
-            try:
-                turns = replay_open_loop(session, list(w.conversations), clock=clock)
-            finally:
-                session.timer.enable(False)
-            steps = replay_steps(session.timer.drain(), group=w.kind,
-                                 prefill_only_ids=session.prefill_only_ids)
-            return dict(summary=v.summarize_turns(turns), load_average=load_average(),
-                        steps=steps)
+            return measure_run(session, workloads[payload["workload"]], clock)
 
         records = run_points(tasks, run, store, backend="inline",
                              on_done=progress_counter(len(tasks), hook))

@@ -144,6 +144,20 @@ def test_fitted_lora_mechanisms_explain_lora_vs_lora_p_where_the_assumed_ones_do
     assert abs(assumed_error) > 0.15  # measured 23% here
 
 
+def test_every_validation_run_starts_from_an_empty_prefix_cache(session):
+    from calibrate.runner import ReplayConversation, ReplayTurn
+    from calibrate.validation_run import measure_run
+
+    # Four 96-token prompts (three full 32-token blocks each) at t=0, run twice: the second
+    # run computes every prompt token again, as the first did (and as the simulator does).
+    convs = tuple(ReplayConversation(0.0, "lora", i, (ReplayTurn(tuple(range(3 + i, 99 + i)),
+                                                                 4),)) for i in range(4))
+    w = v.ValidationWorkload("four prompts", "lora", convs, num_adapters=4)
+    computed = [sum(sum(s["num_new_tokens"]) for s in measure_run(session, w, "cpu")
+                    ["steps"]["samples"]) for _ in range(2)]
+    assert computed[0] == computed[1] == 4 * 96 + 4 * 3  # prompts, then 3 decode steps each
+
+
 def test_an_untested_vllm_version_is_refused_naming_the_tested_one(monkeypatch):
     import vllm
 
