@@ -7,7 +7,8 @@ step k of a run costs `const + sum_i T[c_i + k * adv]`, where `T[c]` is one deco
 attention at context c (`sim.cost_model.attention_s_per_item`). `T` is tabulated once per
 replica and prefix-summed, so the time of any number of steps is O(batch) to evaluate. The
 non-attention part is cached by the counts it depends on, read off the plan without building a
-`StepBatch`.
+`StepBatch`; a step holding replays, re-encodes or partial-layer prefills is priced the same way
+(its counts kept per kind of item), so only a new combination of counts calls `predict_step`.
 """
 
 from __future__ import annotations
@@ -131,23 +132,37 @@ class StepPricer:
 
     def step_s(self, plan: StepPlan) -> float:
         """Seconds of one step of `plan`, adapter loads included."""
-        num_layers = self.profile.num_layers
-        if not self.is_fast or plan.replays or plan.reencodes or any(
-                seq.first_layer != 0 or 0 <= seq.last_layer != num_layers
-                for seq, _ in plan.prefills):
+        if not self.is_fast:
             self.num_predict_calls += 1
-            cost = predict_step(self.coeffs, self.profile, self.batch(plan))
-            return cost.total_s + plan.adapter_load_s
+            return predict_step(self.coeffs, self.profile, self.batch(plan)).total_s \
+                + plan.adapter_load_s
         attention = 0.0
-        if plan.prefills:
-            attention += float(attention_s_per_item(
-                self.coeffs, self.profile, [n for _, n in plan.prefills],
-                [seq.num_computed_tokens for seq, _ in plan.prefills], 0, num_layers).sum())
+        if plan.prefills or plan.replays or plan.reencodes:
+            attention += float(self._other_attention_s(plan).sum())
         if plan.decodes:
             contexts = np.fromiter((s.num_computed_tokens for s in plan.decodes), np.int64,
                                    count=len(plan.decodes))
             attention += float(self._decode_table(int(contexts.max()))[contexts].sum())
         return self._cached_non_attention_s(plan) + attention + plan.adapter_load_s
+
+    def _other_attention_s(self, plan: StepPlan) -> np.ndarray:
+        """Attention seconds of each prefill chunk, replay and re-encode of `plan` (every item
+        but the decodes), each over its own layers."""
+        num_layers, rfl = self.profile.num_layers, self.replay_first_layer
+        new, ctx, first, last = [], [], [], []
+        for seq, num_new in plan.prefills:
+            new.append(num_new), ctx.append(seq.num_computed_tokens)
+            first.append(seq.first_layer)
+            last.append(num_layers if seq.last_layer < 0 else seq.last_layer)
+        for seq in plan.replays:
+            num = min(seq.num_replay_tokens, seq.num_replay_context_tokens)
+            new.append(num), ctx.append(seq.num_replay_context_tokens - num)
+            first.append(rfl), last.append(num_layers)
+        for seq in plan.reencodes:
+            num, end = reencode_span(seq)
+            new.append(num), ctx.append(end - num), first.append(0), last.append(rfl)
+        return attention_s_per_item(self.coeffs, self.profile, np.array(new), np.array(ctx),
+                                    np.array(first), np.array(last))
 
     def _plan_key(self, plan: StepPlan) -> tuple:
         """What the non-attention terms of a full-layer, replay-free step depend on: tokens,
@@ -173,14 +188,66 @@ class StepPricer:
                 len(plan.prefills) + num_decodes, plan.num_routing_decisions,
                 bool(plan.prefills))
 
+    def _is_plain(self, plan: StepPlan) -> bool:
+        """No replay, no re-encode and every prefill over all layers: `_plan_key` prices it."""
+        num_layers = self.profile.num_layers
+        return not (plan.replays or plan.reencodes or any(
+            seq.first_layer != 0 or 0 <= seq.last_layer != num_layers
+            for seq, _ in plan.prefills))
+
+    def _mixed_key(self, plan: StepPlan) -> tuple:
+        """What the non-attention seconds of any step depend on: per kind of item (its layers,
+        replay or not, sampling or not, adapted or not) its tokens and items, the distinct
+        adapters of the adapted items, the routing decisions. (The step's total splits its
+        terms between replays and the rest, but the split does not change the sum.) A CED turn's
+        re-encode or a switch's replay puts one such item into a step, so these keys repeat."""
+        num_layers, rfl = self.profile.num_layers, self.replay_first_layer
+        groups: dict[tuple, list[int]] = {}
+        adapters: set[int] = set()
+
+        def add(kind: tuple, num_tokens: int, adapter: int, is_adapted: bool) -> None:
+            is_adapted = is_adapted and adapter >= 0
+            totals = groups.setdefault((*kind, is_adapted), [0, 0])
+            totals[0] += num_tokens
+            totals[1] += 1
+            if is_adapted:
+                adapters.add(adapter)
+
+        for seq, num_new in plan.prefills:
+            samples = seq.num_computed_tokens + num_new == seq.num_tokens \
+                and seq.num_output_tokens > 0
+            last = num_layers if seq.last_layer < 0 else seq.last_layer
+            add((seq.first_layer, last, False, samples), num_new, seq.adapter,
+                seq.is_prefill_adapted)
+        for seq in plan.decodes:
+            add((0, num_layers, False, True), self.num_decode_compute_tokens, seq.adapter,
+                seq.is_decode_adapted)
+        for seq in plan.replays:
+            num = min(seq.num_replay_tokens, seq.num_replay_context_tokens)
+            add((rfl, num_layers, True, False), num, seq.adapter, True)
+        for seq in plan.reencodes:
+            add((0, rfl, True, False), reencode_span(seq)[0], seq.adapter,
+                seq.is_prefill_adapted)
+        return ("mixed", tuple(sorted((k, *v) for k, v in groups.items())), len(adapters),
+                plan.num_routing_decisions)
+
     def _cached_non_attention_s(self, plan: StepPlan) -> float:
-        """Every term but attention: a function of counts only (full-layer items, no replay)."""
-        key = self._plan_key(plan)
+        """Every term but attention: a function of counts only (`_plan_key` for full-layer,
+        replay-free steps, `_mixed_key` for the others), computed once per key."""
+        is_plain = self._is_plain(plan)
+        key = self._plan_key(plan) if is_plain else self._mixed_key(plan)
         cached = self._non_attention_s.get(key)
         if cached is None:
             self.num_predict_calls += 1
-            cost = predict_step(self.coeffs, self.profile, self.batch(plan))
-            cached = self._non_attention_s[key] = cost.total_s - cost.attention_s
+            batch = self.batch(plan)
+            cost = predict_step(self.coeffs, self.profile, batch)
+            if is_plain:
+                cached = cost.total_s - cost.attention_s
+            else:  # replay_s holds the replays' attention too: take every item's out
+                cached = cost.total_s - float(attention_s_per_item(
+                    self.coeffs, self.profile, batch.num_new_tokens, batch.num_context_tokens,
+                    batch.first_layer, batch.last_layer).sum())
+            self._non_attention_s[key] = cached
         return cached
 
     def decode_run(self, plan: StepPlan, num_steps: int) -> DecodeRun:
