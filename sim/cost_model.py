@@ -387,10 +387,12 @@ def predict_step(coeffs: CostCoeffs, profile: CostProfile, batch: StepBatch) -> 
     """Seconds of one engine step, split into named terms (replays priced in `replay_s`)."""
     everything = np.ones(batch.num_new_tokens.shape[0], dtype=bool)
     all_terms = _model_terms(coeffs, profile, batch, everything)
-    regular = _model_terms(coeffs, profile, batch, ~batch.is_replay)
+    # Without replays the regular items are all items: the same terms (replay_s is then 0).
+    has_replay = bool(batch.is_replay.any())
+    regular = _model_terms(coeffs, profile, batch, ~batch.is_replay) if has_replay else all_terms
     replay = sum(all_terms.values()) - sum(regular.values())
     num_seqs = int((~batch.is_replay).sum())
-    is_empty = num_seqs == 0 and not batch.is_replay.any() and batch.num_routing_decisions == 0
+    is_empty = num_seqs == 0 and not has_replay and batch.num_routing_decisions == 0
     overhead = coeffs.step_overhead_s + num_seqs * coeffs.per_sequence_overhead_s
     if batch.is_prompt.any():
         overhead += coeffs.prompt_step_overhead_s
