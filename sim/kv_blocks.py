@@ -13,7 +13,7 @@ does the same updates in the same order.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Hashable
 from itertools import islice, takewhile
 
@@ -40,7 +40,11 @@ class KvBlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.num_free_uncached = num_blocks
         self._refs: dict[Hashable, int] = {}
-        self._evictable: OrderedDict[Hashable, None] = OrderedDict()
+        # LRU order is insertion order: a key enters when its last holder releases it and
+        # leaves when taken or evicted, never re-inserted while present. A plain dict keeps
+        # that order like an OrderedDict, at a fraction of the cost per key.
+        self._evictable: dict[Hashable, None] = {}
+        self._num_holes = 0
         self._run_ids: dict[tuple[int, bool, int], int] = {}
         self.num_evictions = 0
 
@@ -123,6 +127,13 @@ class KvBlockManager:
             _drain(map(evictable.__delitem__, victims))
             _drain(map(self._refs.__delitem__, victims))
             self.num_evictions += num_evict
+            # A dict leaves deleted entries in place until it grows, and iterating from the
+            # front walks over them: copy it (same order) once its front holds more holes
+            # than it has keys, so an eviction never walks far.
+            self._num_holes += num_evict
+            if self._num_holes > len(evictable):
+                self._evictable = dict(evictable)
+                self._num_holes = 0
 
     def register(self, key: Hashable) -> bool:
         """Give a held, fully computed block a cache key; False if the key is already cached."""

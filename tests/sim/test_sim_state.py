@@ -49,6 +49,33 @@ def test_shared_prefix_release_keeps_lru_order_tail_first():
     kv.check_invariants()
 
 
+def test_lru_order_survives_many_evictions_and_takes_from_the_middle():
+    # Evicting one block at a time, far past the pool size, with hits taken out of the middle
+    # of the LRU list and blocks released again: victims always leave oldest first.
+    kv = KvBlockManager(num_blocks=8, block_size=16, enable_prefix_caching=True)
+    released: list[int] = []  # LRU order the victims must follow
+    kv.allocate(8)
+    assert kv.register_new(list(range(8)))
+    for key in range(7, -1, -1):  # one sequence per block, released in this order
+        kv.release([key])
+        released.append(key)
+    for step in range(200):
+        hit = released[len(released) // 2]
+        kv.acquire_cached([hit])  # a prefix hit leaves the LRU list...
+        released.remove(hit)
+        kv.allocate(1)  # ...and the oldest evictable block goes
+        victim = released.pop(0)
+        assert kv.count_cached_prefix([victim]) == 0, step
+        new = 100 + step
+        assert kv.register(new)
+        kv.release([new])
+        kv.release([hit])  # ...and comes back as the most recent
+        released += [new, hit]
+    assert kv.num_evictions == 200
+    assert all(kv.count_cached_prefix([key]) == 1 for key in released)
+    kv.check_invariants()
+
+
 def test_duplicate_registration_and_disabled_cache():
     kv = KvBlockManager(num_blocks=2, block_size=16, enable_prefix_caching=True)
     kv.allocate(2)
