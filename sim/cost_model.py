@@ -248,9 +248,14 @@ def _attention_terms(c: CostCoeffs, p: CostProfile, num_new, num_context, first,
                               g.hbm_bandwidth_bytes_per_s, c.memory_bandwidth_efficiency)
         return _layers_in_range(prefix, first, last) * per_layer
 
-    # Full attention over the whole cached context (decoder-only models).
-    terms = [timed(p.standard_prefix, n * ctx + causal, (ctx + n) * p.kv_layer_bytes_per_gpu)]
-    if p.compression_ratio == 1 and p.window_tokens == 0:
+    is_ced = p.compression_ratio != 1 or p.window_tokens != 0
+    terms = []
+    # Full attention over the whole cached context (decoder-only models). A CED model without
+    # such layers skips the term: it is 0, and adding 0 first changes no sum.
+    if not is_ced or p.standard_prefix[-1]:
+        terms.append(timed(p.standard_prefix, n * ctx + causal,
+                           (ctx + n) * p.kv_layer_bytes_per_gpu))
+    if not is_ced:
         return terms
     records = (ctx + n) / p.compression_ratio
     # CED encoder: full attention through the compressed global KV plus the chunk itself.
