@@ -13,6 +13,11 @@ case runs on) are the steadier measure on a shared machine, and the table gives 
     .venv/bin/python bench/bench_sim.py                 # 10k and 100k, fast path
     .venv/bin/python bench/bench_sim.py --sizes 1000000 # the 1M case
     .venv/bin/python bench/bench_sim.py --reference     # also the step-by-step reference (10k)
+    .venv/bin/python bench/bench_sim.py --workloads conversations --sizes 100000 300000 1000000
+
+With two sizes or more of a workload it also fits peak RSS as a line in the request count (the
+residuals show whether memory is linear) and gives the fit at 1M requests, marked measured or
+extrapolated. Each row also records the 1-minute load average when its case ended.
 """
 
 from __future__ import annotations
@@ -98,7 +103,7 @@ def _case(kind: str, num_requests: int, mode: str, queue) -> None:
                    requests_per_cpu_s=len(result.requests) / cpu,
                    engine_steps=result.stats["num_engine_steps"],
                    engine_events=result.stats["num_engine_events"],
-                   peak_rss_gib=peak / 2**30,
+                   peak_rss_gib=peak / 2**30, load_1m=os.getloadavg()[0],
                    simulated_s=float(result.turns["done_s"].max())))
 
 
@@ -113,6 +118,24 @@ def run_case(kind: str, num_requests: int, mode: str) -> dict:
     return row
 
 
+def memory_fits(rows: list[dict]) -> list[dict]:
+    """Per workload with two sizes or more (fast path): peak RSS as a line in the request count,
+    so that linearity shows in the residuals and a size not run is an explicit extrapolation."""
+    fits = []
+    for kind in dict.fromkeys(r["workload"] for r in rows):
+        points = sorted((r["num_requests"], r["peak_rss_gib"]) for r in rows
+                        if r["workload"] == kind and r["mode"] == "fast")
+        if len({n for n, _ in points}) < 2:
+            continue
+        sizes, gib = np.array(points, dtype=float).T
+        slope, base = np.polyfit(sizes, gib, 1)
+        fits.append(dict(workload=kind, sizes=[int(n) for n in sizes], base_gib=float(base),
+                         gib_per_million=float(slope * 1e6),
+                         max_residual_gib=float(np.abs(base + slope * sizes - gib).max()),
+                         at_1m_gib=float(base + slope * 1e6)))
+    return fits
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
@@ -122,23 +145,33 @@ def main() -> None:
     parser.add_argument("--reference", action="store_true",
                         help="also time the step-by-step reference at the smallest size")
     args = parser.parse_args()
-    rows = []
-    for kind in args.workloads:
-        for size in args.sizes:
-            rows.append(run_case(kind, size, "fast"))
-        if args.reference:
-            rows.append(run_case(kind, min(args.sizes), "reference"))
     header = f"{'workload':<14}{'mode':<10}{'requests':>10}{'wall s':>9}{'req/s':>10}" \
              f"{'cpu s':>9}{'req/cpu-s':>10}{'steps':>11}{'events':>9}{'peak GiB':>10}"
-    print(header)
-    for r in rows:
-        print(f"{r['workload']:<14}{r['mode']:<10}{r['num_requests']:>10}{r['wall_s']:>9.2f}"
-              f"{r['requests_per_wall_s']:>10.0f}{r['cpu_s']:>9.2f}{r['requests_per_cpu_s']:>10.0f}"
-              f"{r['engine_steps']:>11}{r['engine_events']:>9}{r['peak_rss_gib']:>10.2f}")
+    print(header, flush=True)
+    rows = []
+    for kind in args.workloads:
+        cases = [(size, "fast") for size in args.sizes]
+        if args.reference:
+            cases.append((min(args.sizes), "reference"))
+        for size, mode in cases:
+            r = run_case(kind, size, mode)
+            rows.append(r)
+            print(f"{r['workload']:<14}{r['mode']:<10}{r['num_requests']:>10}{r['wall_s']:>9.2f}"
+                  f"{r['requests_per_wall_s']:>10.0f}{r['cpu_s']:>9.2f}"
+                  f"{r['requests_per_cpu_s']:>10.0f}{r['engine_steps']:>11}"
+                  f"{r['engine_events']:>9}{r['peak_rss_gib']:>10.2f}", flush=True)
+    fits = memory_fits(rows)
+    for fit in fits:
+        print(f"{fit['workload']}: peak RSS = {fit['base_gib']:.3f} GiB + "
+              f"{fit['gib_per_million']:.3f} GiB per million requests (least squares over "
+              f"{fit['sizes']}, largest residual {fit['max_residual_gib']:.3f} GiB); at 1M "
+              f"requests {fit['at_1m_gib']:.2f} GiB"
+              f"{' (measured)' if 1_000_000 in fit['sizes'] else ' (extrapolated)'}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(dict(python=platform.python_version(),
                                         machine=platform.machine(), load_average=os.getloadavg(),
-                                        cpu_count=os.cpu_count(), rows=rows), indent=2))
+                                        cpu_count=os.cpu_count(), rows=rows,
+                                        memory_fits=fits), indent=2))
     print(f"wrote {args.out}")
 
 
