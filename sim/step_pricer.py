@@ -197,10 +197,11 @@ class StepPricer:
 
     def _mixed_key(self, plan: StepPlan) -> tuple:
         """What the non-attention seconds of any step depend on: per kind of item (its layers,
-        replay or not, sampling or not, adapted or not) its tokens and items, the distinct
-        adapters of the adapted items, the routing decisions. (The step's total splits its
-        terms between replays and the rest, but the split does not change the sum.) A CED turn's
-        re-encode or a switch's replay puts one such item into a step, so these keys repeat."""
+        replay or not, sampling or not, prompt chunk or not, adapted or not) its tokens and
+        items, the distinct adapters of the adapted items, the routing decisions. (The step's
+        total splits its terms between replays and the rest, but the split does not change the
+        sum.) A CED turn's re-encode or a switch's replay puts one such item into a step, so
+        these keys repeat."""
         num_layers, rfl = self.profile.num_layers, self.replay_first_layer
         groups: dict[tuple, list[int]] = {}
         adapters: set[int] = set()
@@ -217,16 +218,16 @@ class StepPricer:
             samples = seq.num_computed_tokens + num_new == seq.num_tokens \
                 and seq.num_output_tokens > 0
             last = num_layers if seq.last_layer < 0 else seq.last_layer
-            add((seq.first_layer, last, False, samples), num_new, seq.adapter,
+            add((seq.first_layer, last, False, samples, True), num_new, seq.adapter,
                 seq.is_prefill_adapted)
         for seq in plan.decodes:
-            add((0, num_layers, False, True), self.num_decode_compute_tokens, seq.adapter,
+            add((0, num_layers, False, True, False), self.num_decode_compute_tokens, seq.adapter,
                 seq.is_decode_adapted)
         for seq in plan.replays:
             num = min(seq.num_replay_tokens, seq.num_replay_context_tokens)
-            add((rfl, num_layers, True, False), num, seq.adapter, True)
+            add((rfl, num_layers, True, False, False), num, seq.adapter, True)
         for seq in plan.reencodes:
-            add((0, rfl, True, False), reencode_span(seq)[0], seq.adapter,
+            add((0, rfl, True, False, False), reencode_span(seq)[0], seq.adapter,
                 seq.is_prefill_adapted)
         return ("mixed", tuple(sorted((k, *v) for k, v in groups.items())), len(adapters),
                 plan.num_routing_decisions)

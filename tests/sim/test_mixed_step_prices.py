@@ -56,6 +56,17 @@ def _variants(replay_first_layer: int) -> dict[str, StepPlan]:
     switch.first_layer, switch.num_prompt_tokens = replay_first_layer, 10_000  # one more seq
     plan.prefills.append((switch, 128))
     plans["replay becomes a prompt chunk"] = plan
+    plan = _base_plan()
+    turn = plan.prefills[0][0]  # a one-token chunk that samples: a decode but for the prompt
+    turn.num_prompt_tokens = turn.num_computed_tokens + 1  # (it pays prompt_step_overhead_s)
+    plan.prefills[0] = (turn, 1)
+    plan.decodes.pop()
+    plans["one-token prompt chunk"] = plan
+    plan = _base_plan()
+    plan.decodes.append(_seq(13, 2, 640))  # the same counts as the chunk above, as a decode
+    plan.decodes.pop(0)
+    plan.prefills = []
+    plans["one-token prompt chunk as a decode"] = plan
     plans["routing decision"] = dataclasses.replace(_base_plan(), num_routing_decisions=1)
     return plans
 
@@ -63,18 +74,19 @@ def _variants(replay_first_layer: int) -> dict[str, StepPlan]:
 @pytest.mark.parametrize("order", ("base first", "base last"))
 def test_each_mixed_step_is_priced_as_its_own_batch(order):
     config = small_config("contextual_mol")
+    coeffs = config.coeffs.model_copy(update={"prompt_step_overhead_s": 1e-3})
     profile = create_profile(config)
     assert profile.num_layers > 12 and profile.adapter_kind == "lora"
     rfl = config.arch.ced.num_encoder_layers
-    fast = StepPricer(config.coeffs, profile, replay_first_layer=rfl, num_decode_compute_tokens=1,
+    fast = StepPricer(coeffs, profile, replay_first_layer=rfl, num_decode_compute_tokens=1,
                       num_tokens_per_decode_step=1, is_fast=True)
     plans = list(_variants(rfl).items())
     if order == "base last":
         plans.reverse()
     for name, plan in plans:
-        expected = predict_step(config.coeffs, profile, fast.batch(plan)).total_s
+        expected = predict_step(coeffs, profile, fast.batch(plan)).total_s
         assert fast.step_s(plan) == pytest.approx(expected, rel=1e-12), name
     assert fast.num_predict_calls == len(plans)  # one table entry per variant
     assert fast.step_s(_base_plan()) == pytest.approx(
-        predict_step(config.coeffs, profile, fast.batch(_base_plan())).total_s, rel=1e-12)
+        predict_step(coeffs, profile, fast.batch(_base_plan())).total_s, rel=1e-12)
     assert fast.num_predict_calls == len(plans)  # the base step again: from the table
