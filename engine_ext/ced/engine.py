@@ -69,14 +69,17 @@ class CEDEngine:
         *,
         prompt_len: int | None = None,
         collect_hidden: bool = False,
+        encoder_only: bool = False,
     ) -> ChunkOutput:
-        """One chunk tokens [B, T]; positions below `prompt_len` (default: all) are prompt."""
+        """One chunk tokens [B, T]; positions below `prompt_len` (default: all) are prompt.
+        encoder_only: see `CEDForCausalLM.forward_chunk`."""
         b, t = tokens.shape
         positions = torch.arange(state.num_positions, state.num_positions + t)
         lens = [state.num_positions + t if prompt_len is None else prompt_len] * b
         ctx = self.registry.context(self._adapters(adapters, b), positions.expand(b, t), lens)
         with forward_context(ctx):
-            return self.model.forward_chunk(tokens, state, collect_hidden=collect_hidden)
+            return self.model.forward_chunk(tokens, state, collect_hidden=collect_hidden,
+                                            encoder_only=encoder_only)
 
     def prefill(
         self,
@@ -131,8 +134,17 @@ class CEDEngine:
     def encode_on_branch(self, state: CEDState, tokens: torch.Tensor) -> torch.Tensor:
         """Contextual MoL: H19 [B, T, D] of tokens [B, T] encoded after the history.
 
-        Runs on a temporary copy of the state (the "global-KV branch"), dropped on return, so the
-        session's own state is untouched.
+        Runs the encoder only, on a temporary copy of the state (the "global-KV branch"),
+        dropped on return, so the session's own state is untouched.
         """
         branch = state.clone()
-        return self.forward(branch, tokens, None).encoder_hidden
+        return self.forward(branch, tokens, None, encoder_only=True).encoder_hidden
+
+    def encode(self, tokens: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+        """H19 [B, T, D] of tokens [B, T] from an empty state, the encoder only, in chunks of
+        `chunk_size` (default one chunk; chunks keep the local attention's work linear in T).
+        A routing pass: nothing is kept."""
+        state, step = self.new_state(tokens.shape[0]), chunk_size or tokens.shape[1]
+        return torch.cat([self.forward(state, tokens[:, i : i + step], None,
+                                       encoder_only=True).encoder_hidden
+                          for i in range(0, tokens.shape[1], step)], dim=1)

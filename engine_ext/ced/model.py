@@ -67,9 +67,16 @@ class CEDForCausalLM(nn.Module):
         return sum(1 for s in self.config.kv_source_layers if s <= layer)
 
     def forward_chunk(
-        self, tokens: torch.Tensor, state: CEDState, *, collect_hidden: bool = False
+        self, tokens: torch.Tensor, state: CEDState, *, collect_hidden: bool = False,
+        encoder_only: bool = False,
     ) -> ChunkOutput:
-        """Run tokens [B, T] at the next T positions, extending `state`."""
+        """Run tokens [B, T] at the next T positions, extending `state`.
+
+        encoder_only: stop after layer E-1 (a routing pass needs H19 only; the decoder would
+        double its work): the logits are empty [B, T, 0] and only the encoder's side of `state`
+        is extended (the decoder sources' latents are left zero, as entries_for gives them to
+        the encoder), so the state then serves further encoder_only chunks only.
+        """
         cfg = self.config
         b, t = tokens.shape
         p0 = state.num_positions
@@ -101,12 +108,15 @@ class CEDForCausalLM(nn.Module):
             h = intervene(layer, layer.ffn_block(h))
             if layer_idx == cfg.first_decoder_layer - 1:
                 out.encoder_hidden = h
+                if encoder_only:
+                    break
             if collect_hidden and layer_idx >= cfg.first_decoder_layer:
                 out.decoder_hidden.append(h)
-        stacked = torch.stack(new_latents, dim=2)  # [B, T, S, d_latent]
+        zero = tokens.new_zeros(b, t, cfg.d_latent, dtype=self.lm_head.weight.dtype)
+        stacked = torch.stack([zero if x is None else x for x in new_latents], dim=2)  # [B,T,S,dL]
         state.latents = stacked if state.latents is None else torch.cat([state.latents, stacked], 1)
         state.num_positions = p0 + t
-        out.logits = self.lm_head(self.model.norm(h))  # [B, T, V]
+        out.logits = h.new_empty(b, t, 0) if encoder_only else self.lm_head(self.model.norm(h))
         return out
 
     def _attend(

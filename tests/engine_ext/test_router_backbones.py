@@ -13,12 +13,16 @@ from engine_ext.routers.backbones import ced_backbone
 TEXTS = ("i lost my credit card", "book a table for two tonight", "hi", "what is my balance")
 
 
-def _backbone(tmp_path):
+def _engine() -> CEDEngine:
     torch.manual_seed(0)
-    model = CEDForCausalLM(get_preset("tiny").model_copy(update={"vocab_size": 260})).eval()
+    return CEDEngine(CEDForCausalLM(get_preset("tiny").model_copy(update={"vocab_size": 260}))
+                     .eval())
+
+
+def _backbone(tmp_path):
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"stamp")  # the cache key reads its size and mtime only
-    return ced_backbone(CEDEngine(model), weights, tmp_path / "states")
+    return ced_backbone(_engine(), weights, tmp_path / "states")
 
 
 @torch.no_grad()
@@ -34,3 +38,26 @@ def test_ced_pooled_states_of_a_padded_batch_equal_one_text_at_a_time(tmp_path):
     torch.testing.assert_close(torch.load(cached), pooled)
     embeds, mask = backbone.option_embeddings(("chat", "legal advice"))
     assert embeds.shape == (2, 12, backbone.d_model) and mask.sum().item() == 16
+
+
+@torch.no_grad()
+def test_ced_routing_pass_runs_the_encoder_only_in_chunks_and_equals_the_full_pass():
+    engine = _engine()
+    num_encoder = engine.config.first_decoder_layer
+    ran: list[int] = []
+    for i, layer in enumerate(engine.model.model.layers):
+        layer.self_attn.register_forward_hook(lambda *_, i=i: ran.append(i))
+    tokens = torch.tensor([encode("i lost my credit card"), encode("book a table for two!")])
+    full = engine.prefill(engine.new_state(2), tokens, None).encoder_hidden
+    ran.clear()
+    torch.testing.assert_close(engine.encode(tokens), full, rtol=0, atol=0)
+    assert ran == list(range(num_encoder))  # the decoder layers are not run
+    chunked = engine.encode(tokens, chunk_size=5)  # the encoder's state carries over chunks
+    torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-5)
+    history = engine.new_state(2)
+    engine.prefill(history, tokens[:, :8], None)
+    before = history.num_positions
+    both = engine.prefill(engine.new_state(2), tokens, None).encoder_hidden
+    torch.testing.assert_close(engine.encode_on_branch(history, tokens[:, 8:]), both[:, 8:],
+                               rtol=1e-5, atol=1e-5)
+    assert history.num_positions == before  # the branch was a copy
