@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -40,9 +41,14 @@ def card_rows(card: RouterCard) -> list[dict]:
                          decode_tokens=s.work.num_decode_tokens,
                          cached_prefix_tokens=s.work.num_cached_prefix_tokens,
                          num_timed=d.num_requests,
-                         train_seconds=s.train_seconds_mean,
+                         train_seconds=s.train_seconds_mean, cpu=cpu_short(card.hardware.cpu),
                          load_average=card.hardware.load_average[0]))
     return rows
+
+
+def cpu_short(cpu: str) -> str:
+    """'Intel(R) Xeon(R) Processor (2 cores)' -> 'Intel Xeon' (the table's machine column)."""
+    return re.sub(r"\(R\)|\(TM\)| Processor| CPU|\s*\(\d+ cores\)", "", cpu).strip()
 
 
 def _ms(value: float | None) -> str:
@@ -59,7 +65,7 @@ def table(rows: list[dict]) -> str:
     """Markdown table of the rows."""
     head = ("| router | model (layer) | params | setting | options | test | accuracy (5 seeds) "
             "| p50 / p99 ms (timed) | p50 CPU ms | batched p50 ms | out-of-engine p50 ms | work "
-            "(prefill+decode tok) | train s/seed | load |")
+            "(prefill+decode tok) | train s/seed | CPU, load |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lines.append(
@@ -70,7 +76,7 @@ def table(rows: list[dict]) -> str:
             f"{_ms(r['p50_cpu_ms'])} | "
             f"{_ms(r['batched_p50_ms'])} (x{r['batch_size']}) | {_ms(r['standalone_p50_ms'])} | "
             f"{_work(r)} | {r['train_seconds']:.0f} | "
-            f"{r['load_average']:.1f} |")
+            f"{r['cpu']}, {r['load_average']:.1f} |")
     return "\n".join(lines)
 
 

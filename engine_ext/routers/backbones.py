@@ -9,6 +9,7 @@ position never attends to a later pad.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,8 +53,9 @@ class Backbone:
             tokens, mask = pad_token_lists([ids[i] for i in pick])
             out[pick] = mean_pool(self.state_fn(tokens), mask)
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(out, path.with_suffix(".tmp"))
-        path.with_suffix(".tmp").replace(path)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # processes may write the same states
+        torch.save(out, tmp)
+        tmp.replace(path)
         return out
 
     @torch.no_grad()

@@ -10,6 +10,7 @@ setting (and cached on disk for SmolLM2) and only the head is trained.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -57,8 +58,9 @@ def cached_contextual_states(state_fn: StateFn, queries: list[list[int]],
     result = contextual_states(state_fn, queries, options)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(result, path.with_suffix(".tmp"))
-        path.with_suffix(".tmp").replace(path)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # processes may write the same states
+        torch.save(result, tmp)
+        tmp.replace(path)
     return result
 
 

@@ -1,9 +1,13 @@
-"""Training runs of different settings merge their rows into one router card."""
+"""Training runs of different settings merge their rows into one router card; the rebuild runs
+the commands the shipped cards record."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from engine_ext.routers.rebuild import CHAINS, command_text
 from engine_ext.routers.train import _merge
-from planner.router_card import RouterCard
+from planner.router_card import RouterCard, load_router_card
 
 
 def _card(settings: dict[str, int], training: str, command: str) -> RouterCard:
@@ -38,3 +42,12 @@ def test_a_run_of_some_settings_keeps_the_cards_other_rows_and_says_how_each_tra
     assert last.training == "120 queries"  # every row trained the same way again
     other_seeds = _card({"banking77": 77}, "t", "run c").model_copy(update={"seeds": (0, 2)})
     assert _merge(other_seeds, old) == other_seeds  # another training: nothing is merged
+
+
+def test_the_rebuild_runs_the_commands_the_shipped_cards_record():
+    cards = sorted((Path(__file__).resolve().parents[2] / "scenarios" / "router_cards")
+                   .glob("*.json"))
+    recorded = {cmd for path in cards for cmd in load_router_card(path).command.split("; ")}
+    # mol2_regimes adds a table to the MoL2 card and records no command of its own
+    made = {command_text(r) for chain in CHAINS for r in chain if "mol2_regimes" not in r}
+    assert recorded == made

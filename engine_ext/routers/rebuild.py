@@ -1,0 +1,119 @@
+"""Rebuild every router card with the commands that made them: one entry point, timed.
+
+    nice -n 19 python -m engine_ext.routers.rebuild [--quick] [--jobs 2] [--cards DIR]
+        [--routers mol2 mol2_regimes l0 contextual_smollm2 mol2_ced contextual_ced]
+
+Runs `python -m engine_ext.train` first when the CED model is missing (the CED cards are trained
+on it), then every command below as its own `python -m engine_ext.routers.train` process (per router
+and setting, as the shipped cards were made), `--jobs` at a time, longest first. The shipped
+cards record these same commands (a test checks it). --quick trains seed 0 only and
+writes to out/router_cards_quick (heads to out/router_heads_quick), leaving the shipped cards
+and data/routers alone: a check that the pipeline runs, not the table's numbers. The wall time
+of every process and of the whole rebuild is printed and written to
+out/router_rebuild_logs/rebuild_times.json, beside each process's log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+SETTINGS = ("domains4", "clinc_domains10", "clinc_intents150", "banking77")
+CHOOSE_STEPS = ("--mol2-steps", "100", "300")
+
+
+def _train(router: str, *settings: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    return ("--routers", router, *(("--settings", *settings) if settings else ()), *extra)
+
+
+CHAINS: tuple[tuple[tuple[str, ...], ...], ...] = (
+    (_train("mol2"), _train("mol2", "banking77", extra=CHOOSE_STEPS),
+     _train("mol2", "clinc_intents150", extra=CHOOSE_STEPS), _train("mol2_regimes")),
+    (_train("l0", "clinc_intents150"),), (_train("l0", "banking77"),),
+    (_train("l0", "domains4", "clinc_domains10"),),
+    (_train("contextual_smollm2", "clinc_intents150"),),
+    (_train("contextual_smollm2", "banking77"),),
+    (_train("contextual_smollm2", "domains4", "clinc_domains10"),),
+    *((_train("mol2_ced", s),) for s in SETTINGS),
+    *((_train("contextual_ced", s),) for s in SETTINGS),
+)
+"""The arguments of each training process. A chain's processes run one after the other (the
+MoL2 card: all settings at 100 steps, then 150 intents and BANKING77 again with the step count
+chosen on the validation split, then the mixed-vs-staged table); chains run `--jobs` at a time,
+in this order (the slowest first)."""
+
+TRAIN_MODULE = "engine_ext.routers.train"
+
+
+def command_text(args: tuple[str, ...]) -> str:
+    """The command a card records for these arguments (`train` writes it the same way)."""
+    return f"python -m {TRAIN_MODULE} " + shlex.join(args)
+
+
+def _run(args: list[str], log: Path) -> float:
+    """One process, its output in `log`; returns its wall seconds (raises on failure)."""
+    start = time.perf_counter()
+    with open(log, "w") as out:
+        done = subprocess.run([sys.executable, "-u", *args], stdout=out, stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - start
+    print(f"{seconds:7.0f}s  {shlex.join(args[2:])}  (log {log})", flush=True)
+    if done.returncode:
+        raise RuntimeError(f"{shlex.join(args)} failed ({done.returncode}); see {log}")
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="seed 0 only, into out/router_cards_quick (the shipped cards stay)")
+    parser.add_argument("--jobs", type=int, default=2, help="training processes at a time")
+    parser.add_argument("--cards", type=Path, default=None)
+    parser.add_argument("--routers", nargs="+", default=None,
+                        help="only the commands training these (train's --routers names)")
+    args = parser.parse_args(argv)
+    from engine_ext.decoder_only import DEFAULT_HF_CACHE, load_smollm2
+    from engine_ext.routers.train import CARDS_DIR, HEADS_DIR
+    from engine_ext.train import DEFAULT_OUT
+
+    cards = args.cards or (Path("out/router_cards_quick") if args.quick else CARDS_DIR)
+    heads = Path("out/router_heads_quick") if args.quick else HEADS_DIR
+    extra = ["--seeds", "0", "--heads", str(heads)] if args.quick else []
+    extra += [] if cards == CARDS_DIR else ["--cards", str(cards)]
+    logs = Path("out/router_rebuild_logs")
+    logs.mkdir(parents=True, exist_ok=True)
+    start, times = time.perf_counter(), {}
+    if not (DEFAULT_HF_CACHE / "gguf_source.json").exists():  # written once, not by 2 jobs
+        load_smollm2()
+    if not (DEFAULT_OUT / "model.safetensors").exists():
+        times["python -m engine_ext.train"] = _run(["-m", "engine_ext.train"],
+                                                   logs / "ced_model.log")
+
+    chains = [tuple(r for r in chain if args.routers is None or r[1] in args.routers)
+              for chain in CHAINS]
+
+    def run_chain(i: int) -> dict[str, float]:
+        return {command_text(recipe): _run(["-m", TRAIN_MODULE, *recipe, *extra],
+                                           logs / f"train_{i:02d}_{j}.log")
+                for j, recipe in enumerate(chains[i])}
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for found in pool.map(run_chain, range(len(chains))):
+            times.update(found)
+    total = time.perf_counter() - start
+    print(f"rebuilt the router cards in {cards} in {total:.0f}s ({args.jobs} jobs, load "
+          f"{os.getloadavg()[0]:.1f})", flush=True)
+    (logs / "rebuild_times.json").write_text(json.dumps(
+        {"total_s": total, "jobs": args.jobs, "quick": args.quick, "cards": str(cards),
+         "process_s": times,
+         "load_average_end": os.getloadavg()}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
