@@ -82,14 +82,32 @@ def _group_profiles(spec: VllmEngineSpec) -> dict:
                                               for m in TARGETS], ranks=())
 
 
+def reference_probe(kind: str) -> dict:
+    """The drift reference run before each workload run: the profile's first staggered probe
+    (runner.STAGGERED[0], repeat 0: the same prompts), in the workload's kind. Eight 64-token
+    prompts arrive every two steps while the earlier ones decode 24 tokens: about 40 steps of
+    prefill+decode and decode at batch 1-8, well under a second."""
+    return dict(kind=kind, num_requests=8, prompt_tokens=64, output_tokens=24,
+                num_adapters=1 if kind == "base" else 8, stagger=2, repeat=0)
+
+
+def _reset_prefix_cache(session: VllmSession) -> None:
+    if not session.llm.reset_prefix_cache():
+        raise RuntimeError("vLLM did not reset its prefix cache between runs")
+
+
 def measure_run(session: VllmSession, w: v.ValidationWorkload, clock: str) -> dict:
     """One run of `w` from an empty prefix cache, the step timer on: its summary, the machine's
-    load and the replay's own steps (`calibrate.step_check`)."""
+    load, the replay's own steps (`calibrate.step_check`) and, measured just before on the same
+    engine, the reference probe's steps (the drift factor's numerator)."""
+    # The machine's speed drifts by tens of percent over minutes; this fitting-type probe,
+    # priced by the profile, says how fast it ran for this run.
+    _reset_prefix_cache(session)
+    reference, _ = session.run_probe(reference_probe(w.kind))
     # Each run replays the same prompts: without a reset, runs after the first found them in
     # the prefix cache (23% fewer tokens computed offline), which the simulator, starting
     # cold, does not.
-    if not session.llm.reset_prefix_cache():
-        raise RuntimeError("vLLM did not reset its prefix cache between runs")
+    _reset_prefix_cache(session)
     session.timer.drain()
     session.timer.enable(True)
     try:
@@ -98,7 +116,21 @@ def measure_run(session: VllmSession, w: v.ValidationWorkload, clock: str) -> di
         session.timer.enable(False)
     steps = replay_steps(session.timer.drain(), group=w.kind,
                          prefill_only_ids=session.prefill_only_ids)
-    return dict(summary=v.summarize_turns(turns), load_average=load_average(), steps=steps)
+    return dict(summary=v.summarize_turns(turns), load_average=load_average(), steps=steps,
+                reference=[r.to_json() for r in reference])
+
+
+def run_drift_factor(record: dict, coeffs, profiles) -> float | None:
+    """A run's drift factor: its reference probe's measured over priced step seconds (None for
+    a run stored before the reference probe existed)."""
+    from calibrate.fitter import predict_samples
+    from calibrate.recorder import StepSample
+
+    samples = [StepSample.from_json(s) for s in record.get("reference", [])]
+    if not samples:
+        return None
+    return v.drift_factor([s.measured_s for s in samples],
+                          predict_samples(coeffs, samples, profiles))
 
 
 def _measure(out: Path, spec: VllmEngineSpec, workloads, num_repeats: int, clock: str,
@@ -138,7 +170,8 @@ def run_validation(profile_, out: Path, *, num_repeats: int, num_requests: int, 
     """Measure, predict, compare; write OUT/validation.md and OUT/validation.json."""
     workloads = validation_workloads(num_requests, quick=quick)
     spec = _engine_spec(profile_)
-    rows, runs_by_workload, loads, step_checks = [], {}, [], {}
+    rows, runs_by_workload, loads, step_checks, drift_by_workload = [], {}, [], {}, {}
+    profiles = _group_profiles(spec)
     for enable_lora in (False, True):
         mine = [w for w in workloads if (w.kind != "base") == enable_lora]
         if not mine:
@@ -154,12 +187,15 @@ def run_validation(profile_, out: Path, *, num_repeats: int, num_requests: int, 
             if not runs:
                 continue
             runs_by_workload[w.name] = runs
+            factors = [run_drift_factor(rec["result"], profile_.coefficients, profiles)
+                       for rec in mine_ok]
+            drift = float(np.median(factors)) if None not in factors else None
+            drift_by_workload[w.name] = factors
             rows += v.compare(w.name, runs, v.predict(w, profile_.coefficients, engine_spec,
-                                                      blocks))
+                                                      blocks), drift)
             step_runs = [rec["result"]["steps"] for rec in mine_ok if "steps" in rec["result"]]
             if step_runs:
-                step_checks[w.name] = check_steps(step_runs, profile_.coefficients,
-                                                  _group_profiles(spec))
+                step_checks[w.name] = check_steps(step_runs, profile_.coefficients, profiles)
     if not rows:
         raise RuntimeError("no validation run finished")
     switch = _ced_switch(out, num_repeats, on_progress) if not quick else []
@@ -172,7 +208,8 @@ def run_validation(profile_, out: Path, *, num_repeats: int, num_requests: int, 
         load_average_start=list(load_at_start),
         load_average_end=list(load_average()), command=command,
         load_average_1min_during_runs=[min(loads), float(np.median(loads)), max(loads)],
-        goals=v.goal_summary(rows), rows=rows, runs=runs_by_workload, ced_switch=switch,
+        goals=v.goal_summary(rows), goals_drift_scaled=v.goal_summary(rows, "error_drift_scaled"),
+        drift_factors=drift_by_workload, rows=rows, runs=runs_by_workload, ced_switch=switch,
         step_checks=step_checks)
     out.mkdir(parents=True, exist_ok=True)
     (out / "validation.json").write_text(json.dumps(report, indent=2))

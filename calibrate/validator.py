@@ -111,9 +111,26 @@ def summarize_turns(records: list[dict]) -> dict[str, float]:
     return out
 
 
-def compare(workload: str, measured_runs: list[dict], predicted: dict) -> list[dict]:
+def drift_factor(measured_s, predicted_s) -> float:
+    """The machine's speed now relative to the profile's: the reference probe's measured step
+    seconds over the profile's price of the same steps (2.0: steps take twice the price)."""
+    return float(np.sum(measured_s) / np.sum(predicted_s))
+
+
+def scale_prediction(predicted: dict[str, float], factor: float) -> dict[str, float]:
+    """A summary as if every step took `factor` times the price: latencies multiplied,
+    throughput divided. Linear on purpose: it ignores that queueing grows faster than the
+    step time near saturation (the drift-scaled column is a correction, not a re-simulation)."""
+    return {metric: value / factor if metric.startswith("throughput") else value * factor
+            for metric, value in predicted.items()}
+
+
+def compare(workload: str, measured_runs: list[dict], predicted: dict,
+            drift: float | None = None) -> list[dict]:
     """One row per metric: median of the runs, their spread ((max - min) / median), the
-    prediction and its signed relative error."""
+    prediction and its signed relative error; with the runs' `drift` factor also the error of
+    the prediction scaled by it (`scale_prediction`)."""
+    scaled = scale_prediction(predicted, drift) if drift else None
     rows = []
     for metric in METRICS:
         values = np.array([run[metric] for run in measured_runs])
@@ -121,19 +138,22 @@ def compare(workload: str, measured_runs: list[dict], predicted: dict) -> list[d
         rows.append(dict(workload=workload, metric=metric, measured_median=median,
                          run_spread=float((values.max() - values.min()) / median),
                          num_runs=len(values), predicted=predicted[metric],
-                         error=(predicted[metric] - median) / median))
+                         error=(predicted[metric] - median) / median, drift_factor=drift,
+                         error_drift_scaled=(scaled[metric] - median) / median
+                         if scaled else None))
     return rows
 
 
-def goal_summary(rows: list[dict]) -> list[dict]:
-    """Median absolute error per metric family against issue 9's goals. Throughput counts only
-    offline workloads: below saturation an open-loop engine's throughput is the offered load,
-    which any model matches."""
+def goal_summary(rows: list[dict], error_key: str = "error") -> list[dict]:
+    """Median absolute error (of `error_key`: "error", or "error_drift_scaled") per metric
+    family against issue 9's goals. Throughput counts only offline workloads: below saturation
+    an open-loop engine's throughput is the offered load, which any model matches."""
     out = []
     for family, goal in GOALS.items():
         mine = [r for r in rows if r["metric"].startswith(family)
-                and (family != "throughput" or "offline" in r["workload"])]
-        errors = [abs(r["error"]) for r in mine]
+                and (family != "throughput" or "offline" in r["workload"])
+                and r.get(error_key) is not None]
+        errors = [abs(r[error_key]) for r in mine]
         spreads = [r["run_spread"] for r in mine]
         if errors:
             median = float(np.median(errors))
@@ -209,8 +229,46 @@ def predict(w: ValidationWorkload, coeffs, spec, num_kv_blocks: int) -> dict[str
     return summarize_turns(records)
 
 
-def _cell(row: dict) -> str:
-    return f"{row['error']:+.1%} <sub>±{row['run_spread'] / 2:.0%}</sub>"
+def _cell(row: dict, error_key: str = "error") -> str:
+    if row.get(error_key) is None:
+        return "-"
+    return f"{row[error_key]:+.1%} <sub>±{row['run_spread'] / 2:.0%}</sub>"
+
+
+SHOWN = ("throughput_tokens_per_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s",
+         "tpot_p99_s", "e2e_p50_s", "e2e_p90_s", "e2e_p99_s")
+
+
+def _workload_lines(rows: list[dict], error_key: str) -> list[str]:
+    """Per workload: measured and predicted tokens/s, the drift factor, each shown metric's
+    signed `error_key` with half the run-to-run spread beside it."""
+    lines = ["| workload | measured tok/s | predicted tok/s | drift | " + " | ".join(
+                 s.replace("_tokens_per_s", "").replace("_s", "") for s in SHOWN) + " |",
+             "|---" * (len(SHOWN) + 4) + "|"]
+    by_workload: dict[str, dict] = {}
+    for row in rows:
+        by_workload.setdefault(row["workload"], {})[row["metric"]] = row
+    for name, metrics in by_workload.items():
+        t = metrics["throughput_tokens_per_s"]
+        drift = f"{t['drift_factor']:.2f}" if t.get("drift_factor") else "-"
+        lines.append(f"| {name} | {t['measured_median']:.0f} | {t['predicted']:.0f} | {drift} | "
+                     + " | ".join(_cell(metrics[s], error_key) for s in SHOWN) + " |")
+    return lines
+
+
+def _goal_lines(report: dict) -> list[str]:
+    """Median absolute error per family, raw and after drift scaling, against the goals."""
+    scaled = {g["family"]: g for g in report.get("goals_drift_scaled", [])}
+    lines = ["| metric | median abs error | after drift scaling | goal | median run-to-run "
+             "spread | meets goal (raw / scaled) |", "|---|---|---|---|---|---|"]
+    for g in report["goals"]:
+        s = scaled.get(g["family"])
+        scaled_error = f"{s['median_abs_error']:.1%}" if s else "-"
+        scaled_meets = ("yes" if s["meets_goal"] else "no") if s else "-"
+        lines.append(f"| {g['family']} | {g['median_abs_error']:.1%} | {scaled_error} | "
+                     f"{g['goal']:.0%} | {g['median_run_spread']:.1%} | "
+                     f"{'yes' if g['meets_goal'] else 'no'} / {scaled_meets} |")
+    return lines
 
 
 def _machine_lines(report: dict) -> list[str]:
@@ -270,25 +328,21 @@ def markdown_table(report: dict) -> str:
         f"Command: `{report['command']}`", "",
         "## Median absolute error per metric family", "",
         "Throughput: offline workloads only (open-loop throughput is the offered load). Latency: "
-        "every percentile of every workload.", "",
-        "| metric | median abs error | goal | median run-to-run spread | meets goal |",
-        "|---|---|---|---|---|"]
-    for g in report["goals"]:
-        lines.append(f"| {g['family']} | {g['median_abs_error']:.1%} | {g['goal']:.0%} | "
-                     f"{g['median_run_spread']:.1%} | {'yes' if g['meets_goal'] else 'no'} |")
-    shown = ("throughput_tokens_per_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s",
-             "tpot_p99_s", "e2e_p50_s", "e2e_p90_s", "e2e_p99_s")
-    lines += ["", "## Per workload: predicted vs measured (signed error, ± half the spread)", "",
-              "| workload | measured tok/s | predicted tok/s | " + " | ".join(
-                  s.replace("_tokens_per_s", "").replace("_s", "") for s in shown) + " |",
-              "|---" * (len(shown) + 3) + "|"]
-    by_workload: dict[str, dict] = {}
-    for row in report["rows"]:
-        by_workload.setdefault(row["workload"], {})[row["metric"]] = row
-    for name, metrics in by_workload.items():
-        t = metrics["throughput_tokens_per_s"]
-        lines.append(f"| {name} | {t['measured_median']:.0f} | {t['predicted']:.0f} | "
-                     + " | ".join(_cell(metrics[s]) for s in shown) + " |")
+        "every percentile of every workload. After drift scaling: the prediction's time scaled "
+        "by the workload's drift factor (below), measured by a fitting probe, never by the "
+        "workload itself.", "",
+        *_goal_lines(report), "",
+        "Drift factor: before each run, on the same engine, the reference probe (one of the "
+        "profile's own staggered probes: prompts arriving every two steps while earlier ones "
+        "decode) is run from an empty prefix cache and its steps priced by the profile; "
+        "measured / priced seconds, median over the workload's runs, is how much slower than "
+        "the profile prices it the machine ran then (it also carries the profile's own error "
+        "on that probe).", "",
+        "## Per workload: predicted vs measured (signed error, ± half the spread)", "",
+        *_workload_lines(report["rows"], "error")]
+    if report.get("goals_drift_scaled"):
+        lines += ["", "## Per workload after drift scaling (prediction's time x drift factor)",
+                  "", *_workload_lines(report["rows"], "error_drift_scaled")]
     lines += _step_check_lines(report.get("step_checks", {}))
     if report.get("ced_switch"):
         lines += ["", "## CED engine: switch cost by context (bounded replay vs re-prefill)", "",

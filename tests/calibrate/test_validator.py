@@ -41,3 +41,27 @@ def test_goals_count_throughput_only_where_the_engine_was_saturated():
     assert goals["throughput"]["median_abs_error"] == 0.0 and goals["throughput"]["meets_goal"]
     assert goals["tpot"]["median_abs_error"] == pytest.approx(0.5)  # both workloads count
     assert not goals["tpot"]["meets_goal"]
+
+
+def test_drift_factor_is_the_reference_probes_measured_over_priced_seconds():
+    # Steps measured 3 + 5 = 8 ms, priced 2 + 2 = 4 ms: the machine runs at half the speed.
+    assert v.drift_factor([0.003, 0.005], [0.002, 0.002]) == pytest.approx(2.0)
+
+
+def test_drift_scaling_multiplies_latencies_and_divides_throughput():
+    predicted = {"throughput_tokens_per_s": 100.0, "ttft_p50_s": 0.2, "e2e_p99_s": 1.0}
+    assert v.scale_prediction(predicted, 1.25) == pytest.approx(
+        {"throughput_tokens_per_s": 80.0, "ttft_p50_s": 0.25, "e2e_p99_s": 1.25})
+
+
+def test_compare_reports_the_error_after_drift_scaling_beside_the_raw_one():
+    runs = [v.summarize_turns(records(1.2))]
+    predicted = v.summarize_turns(records(1.0))
+    rows = {r["metric"]: r for r in v.compare("w 12/s", runs, predicted, drift=1.2)}
+    # Predicted TTFT p50 0.35 s, measured 0.42 s: -16.7% raw, 0 once scaled by 1.2.
+    assert rows["ttft_p50_s"]["error"] == pytest.approx(0.35 / 0.42 - 1)
+    assert rows["ttft_p50_s"]["error_drift_scaled"] == pytest.approx(0.0)
+    scaled = {g["family"]: g for g in v.goal_summary(list(rows.values()), "error_drift_scaled")}
+    assert scaled["tpot"]["median_abs_error"] == pytest.approx(0.0)
+    unscaled = v.compare("w 12/s", runs, predicted)
+    assert v.goal_summary(unscaled, "error_drift_scaled") == []
