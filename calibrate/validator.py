@@ -117,11 +117,14 @@ def drift_factor(measured_s, predicted_s) -> float:
     return float(np.sum(measured_s) / np.sum(predicted_s))
 
 
-def scale_prediction(predicted: dict[str, float], factor: float) -> dict[str, float]:
+def scale_prediction(predicted: dict[str, float], factor: float, *,
+                     is_saturated: bool = True) -> dict[str, float]:
     """A summary as if every step took `factor` times the price: latencies multiplied,
-    throughput divided. Linear on purpose: it ignores that queueing grows faster than the
+    throughput divided where the engine was saturated (offline; open-loop throughput is the
+    offered load, kept). Linear on purpose: it ignores that queueing grows faster than the
     step time near saturation (the drift-scaled column is a correction, not a re-simulation)."""
-    return {metric: value / factor if metric.startswith("throughput") else value * factor
+    return {metric: (value / factor if is_saturated else value)
+            if metric.startswith("throughput") else value * factor
             for metric, value in predicted.items()}
 
 
@@ -130,7 +133,8 @@ def compare(workload: str, measured_runs: list[dict], predicted: dict,
     """One row per metric: median of the runs, their spread ((max - min) / median), the
     prediction and its signed relative error; with the runs' `drift` factor also the error of
     the prediction scaled by it (`scale_prediction`)."""
-    scaled = scale_prediction(predicted, drift) if drift else None
+    scaled = (scale_prediction(predicted, drift, is_saturated="offline" in workload)
+              if drift else None)
     rows = []
     for metric in METRICS:
         values = np.array([run[metric] for run in measured_runs])

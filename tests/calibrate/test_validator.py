@@ -52,6 +52,9 @@ def test_drift_scaling_multiplies_latencies_and_divides_throughput():
     predicted = {"throughput_tokens_per_s": 100.0, "ttft_p50_s": 0.2, "e2e_p99_s": 1.0}
     assert v.scale_prediction(predicted, 1.25) == pytest.approx(
         {"throughput_tokens_per_s": 80.0, "ttft_p50_s": 0.25, "e2e_p99_s": 1.25})
+    # Open loop, below saturation, the throughput is the offered load: it stays.
+    assert v.scale_prediction(predicted, 1.25, is_saturated=False)[
+        "throughput_tokens_per_s"] == pytest.approx(100.0)
 
 
 def test_compare_reports_the_error_after_drift_scaling_beside_the_raw_one():
