@@ -174,7 +174,7 @@ def fit_ced(root: Path, *, name: str, out_dir: Path):
     import json
 
     from calibrate.fitter import DEFAULT_TERMS, create_calibration_profile, fit, write_profile
-    from calibrate.jobs import _command
+    from calibrate.jobs import _command, recorded_profile_command
     from calibrate.recorder import load_samples, split_held_out
     from sim.cost_model import DEFAULT_COEFFS
 
@@ -195,7 +195,7 @@ def fit_ced(root: Path, *, name: str, out_dir: Path):
         result, name=name, model=CED_SMALL_ARCH.name, engine=meta["engine"],
         hardware=meta["hardware"], packages=meta["packages"], num_samples=len(samples),
         load_average=meta["load_average"],
-        commands=(f"molcap calibrate profile --engine ced --out {root}", _command()),
+        commands=(recorded_profile_command(root), _command()),
         description="torch CED engine, preset 'small' (fp32, one thread): prefill, decode, "
                     "bounded replay and pointer-head routing; engine thread CPU seconds")
     path = Path(out_dir) / f"{name}.yaml"

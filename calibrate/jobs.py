@@ -47,11 +47,37 @@ RANK_GRID = (16, 32)
 and one repeat: the rank changes the adapter terms' shapes, not the scheduler)."""
 
 
+PROFILE_COMMAND_FILE = "profile-command.txt"
+"""Under a samples root: the profile command that measured it, for the fitted profile's
+`commands:` record (the fit cannot know the profile's flags otherwise)."""
+
+
+def profile_command(out: Path, *, engine: str, device: str, gpu_kind: str, num_repeats: int,
+                    quick: bool) -> str:
+    """The `molcap calibrate profile` command with every flag spelled out: the one the CLI,
+    the Slurm script and the Ray job run for these arguments."""
+    return (f"molcap calibrate profile --engine {engine} --device {device} --gpu-kind "
+            f"{gpu_kind} --repeats {num_repeats}{' --quick' if quick else ''} --out "
+            + shlex.quote(str(out)))
+
+
+def recorded_profile_command(root: Path) -> str:
+    """The profile command recorded under a samples root (the last one run there)."""
+    path = Path(root) / PROFILE_COMMAND_FILE
+    if not path.exists():  # samples profiled before the command was recorded
+        return f"molcap calibrate profile --out {root} (its other flags were not recorded)"
+    return path.read_text().strip()
+
+
 def profile(out: Path, *, engine: str = "all", device: str = "cpu", gpu_kind: str = "cpu",
             num_repeats: int = 3, quick: bool = False, on_progress=None) -> Path:
     """Run the probe grids of `engine` ("vllm", "ced", "all"); returns the samples folder."""
     out = Path(out)
     samples = out / "samples"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / PROFILE_COMMAND_FILE).write_text(profile_command(
+        out, engine=engine, device=device, gpu_kind=gpu_kind, num_repeats=num_repeats,
+        quick=quick) + "\n")
     hook = on_progress or (lambda label: None)
     if engine in ("vllm", "all"):
         runs = [(VllmEngineSpec(enable_lora=False, device=device, gpu_kind=gpu_kind),
@@ -111,7 +137,7 @@ def fit(root: Path, *, name: str, out_dir: Path, engine: str = "vllm"):
         result, name=name, model="vllm-tiny-llama", engine=meta["engine"],
         hardware=meta["hardware"], packages=meta["packages"], num_samples=len(samples),
         load_average=meta["load_average"], adapter_loads=load_summary,
-        commands=(f"molcap calibrate profile --out {root}", _command()),
+        commands=(recorded_profile_command(root), _command()),
         description="vLLM step times of the tiny float32 Llama (4 layers, hidden 256): base, "
                     "LoRA/LoRA_P on q/v/o/down at max_lora_rank 8 (LoRA also 16, 32), DiReFT_P "
                     "on every layer; adapter slot loads; the engine thread's CPU seconds")
