@@ -189,10 +189,10 @@ def run_validation(profile_, out: Path, *, num_repeats: int, num_requests: int, 
             runs_by_workload[w.name] = runs
             factors = [run_drift_factor(rec["result"], profile_.coefficients, profiles)
                        for rec in mine_ok]
-            drift = float(np.median(factors)) if None not in factors else None
             drift_by_workload[w.name] = factors
             rows += v.compare(w.name, runs, v.predict(w, profile_.coefficients, engine_spec,
-                                                      blocks), drift)
+                                                      blocks),
+                              factors if None not in factors else None)
             step_runs = [rec["result"]["steps"] for rec in mine_ok if "steps" in rec["result"]]
             if step_runs:
                 step_checks[w.name] = check_steps(step_runs, profile_.coefficients, profiles)

@@ -129,12 +129,13 @@ def scale_prediction(predicted: dict[str, float], factor: float, *,
 
 
 def compare(workload: str, measured_runs: list[dict], predicted: dict,
-            drift: float | None = None) -> list[dict]:
+            drifts: list[float] | None = None) -> list[dict]:
     """One row per metric: median of the runs, their spread ((max - min) / median), the
-    prediction and its signed relative error; with the runs' `drift` factor also the error of
-    the prediction scaled by it (`scale_prediction`)."""
-    scaled = (scale_prediction(predicted, drift, is_saturated="offline" in workload)
-              if drift else None)
+    prediction and its signed relative error; with each run's drift factor (`drifts`, in the
+    runs' order) also the drift-scaled error: each run against the prediction scaled by its own
+    factor (`scale_prediction`), the median over the runs."""
+    scaled = [scale_prediction(predicted, f, is_saturated="offline" in workload)
+              for f in drifts] if drifts else None
     rows = []
     for metric in METRICS:
         values = np.array([run[metric] for run in measured_runs])
@@ -142,8 +143,10 @@ def compare(workload: str, measured_runs: list[dict], predicted: dict,
         rows.append(dict(workload=workload, metric=metric, measured_median=median,
                          run_spread=float((values.max() - values.min()) / median),
                          num_runs=len(values), predicted=predicted[metric],
-                         error=(predicted[metric] - median) / median, drift_factor=drift,
-                         error_drift_scaled=(scaled[metric] - median) / median
+                         error=(predicted[metric] - median) / median,
+                         drift_factor=float(np.median(drifts)) if drifts else None,
+                         error_drift_scaled=float(np.median(
+                             [s[metric] / x - 1 for s, x in zip(scaled, values, strict=True)]))
                          if scaled else None))
     return rows
 
@@ -332,20 +335,21 @@ def markdown_table(report: dict) -> str:
         f"Command: `{report['command']}`", "",
         "## Median absolute error per metric family", "",
         "Throughput: offline workloads only (open-loop throughput is the offered load). Latency: "
-        "every percentile of every workload. After drift scaling: the prediction's time scaled "
-        "by the workload's drift factor (below), measured by a fitting probe, never by the "
-        "workload itself.", "",
+        "every percentile of every workload. After drift scaling: each run against the "
+        "prediction with its time scaled by that run's drift factor (below; the median over "
+        "the runs), a factor measured by a fitting probe, never by the workload itself.", "",
         *_goal_lines(report), "",
         "Drift factor: before each run, on the same engine, the reference probe (one of the "
         "profile's own staggered probes: prompts arriving every two steps while earlier ones "
         "decode) is run from an empty prefix cache and its steps priced by the profile; "
-        "measured / priced seconds, median over the workload's runs, is how much slower than "
-        "the profile prices it the machine ran then (it also carries the profile's own error "
-        "on that probe).", "",
+        "measured / priced seconds is how much slower than the profile prices it the machine "
+        "ran then (it also carries the profile's own error on that probe). The drift column: "
+        "the median of a workload's factors.", "",
         "## Per workload: predicted vs measured (signed error, ± half the spread)", "",
         *_workload_lines(report["rows"], "error")]
     if report.get("goals_drift_scaled"):
-        lines += ["", "## Per workload after drift scaling (prediction's time x drift factor)",
+        lines += ["", "## Per workload after drift scaling (each run against the prediction's time x its "
+                  "factor; median)",
                   "", *_workload_lines(report["rows"], "error_drift_scaled")]
     lines += _step_check_lines(report.get("step_checks", {}))
     if report.get("ced_switch"):

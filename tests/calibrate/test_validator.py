@@ -57,14 +57,17 @@ def test_drift_scaling_multiplies_latencies_and_divides_throughput():
         "throughput_tokens_per_s"] == pytest.approx(100.0)
 
 
-def test_compare_reports_the_error_after_drift_scaling_beside_the_raw_one():
-    runs = [v.summarize_turns(records(1.2))]
+def test_compare_scales_each_run_by_its_own_drift_factor():
+    runs = [v.summarize_turns(records(1.2)), v.summarize_turns(records(1.0))]
     predicted = v.summarize_turns(records(1.0))
-    rows = {r["metric"]: r for r in v.compare("w 12/s", runs, predicted, drift=1.2)}
-    # Predicted TTFT p50 0.35 s, measured 0.42 s: -16.7% raw, 0 once scaled by 1.2.
-    assert rows["ttft_p50_s"]["error"] == pytest.approx(0.35 / 0.42 - 1)
-    assert rows["ttft_p50_s"]["error_drift_scaled"] == pytest.approx(0.0)
+    rows = {r["metric"]: r for r in v.compare("w 12/s", runs, predicted, drifts=[1.2, 1.2])}
+    # TTFT p50 predicted 0.35 s, measured 0.42 and 0.35 s (median 0.385): raw -9.1%. Each run
+    # against 0.35 x its own factor (0.42 both): 0 and +20%, median +10% (scaling the median
+    # run instead would give 0.42 / 0.385 - 1 = +9.1%).
+    assert rows["ttft_p50_s"]["error"] == pytest.approx(0.35 / 0.385 - 1)
+    assert rows["ttft_p50_s"]["error_drift_scaled"] == pytest.approx(0.10)
+    assert rows["ttft_p50_s"]["drift_factor"] == pytest.approx(1.2)
     scaled = {g["family"]: g for g in v.goal_summary(list(rows.values()), "error_drift_scaled")}
-    assert scaled["tpot"]["median_abs_error"] == pytest.approx(0.0)
+    assert scaled["tpot"]["median_abs_error"] == pytest.approx(0.10)
     unscaled = v.compare("w 12/s", runs, predicted)
     assert v.goal_summary(unscaled, "error_drift_scaled") == []
