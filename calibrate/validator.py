@@ -348,8 +348,8 @@ def markdown_table(report: dict) -> str:
         "## Per workload: predicted vs measured (signed error, ± half the spread)", "",
         *_workload_lines(report["rows"], "error")]
     if report.get("goals_drift_scaled"):
-        lines += ["", "## Per workload after drift scaling (each run against the prediction's time x its "
-                  "factor; median)",
+        lines += ["", "## Per workload after drift scaling (each run against the "
+                  "prediction's time x its factor; median)",
                   "", *_workload_lines(report["rows"], "error_drift_scaled")]
     lines += _step_check_lines(report.get("step_checks", {}))
     if report.get("ced_switch"):
