@@ -49,6 +49,7 @@ def mooncake_workload(num_requests: int):
     from dataclasses import replace
 
     from sim.traces import TRACES_DIR, trace_workload
+    from sim.workloads import HashIds
 
     base = trace_workload(np.random.default_rng(0),
                           TRACES_DIR / "mooncake_fast25" / "conversation_trace.jsonl",
@@ -57,7 +58,12 @@ def mooncake_workload(num_requests: int):
     n = base.num_turns
     copies = -(-num_requests // n)
     span = float(base.conv_arrival_s[-1]) * (1 + 1 / n)
-    id_stride = 1 + max(max(ids) for ids in base.turn_hash_ids)
+    ids = base.turn_hash_ids
+    id_stride = 1 + int(ids.ids.max())
+    # Copy k's ids shifted by k strides, as flat arrays (tuples of ints would be the peak).
+    starts = (ids.starts[:-1][None, :] + ids.ids.size * np.arange(copies)[:, None]).ravel()
+    all_ids = HashIds((ids.ids[None, :] + id_stride * np.arange(copies)[:, None]).ravel(),
+                      np.append(starts, copies * ids.ids.size))
     keep = slice(0, num_requests)
     tile = lambda a: np.tile(a, copies)[keep]  # noqa: E731
     return replace(
@@ -67,8 +73,7 @@ def mooncake_workload(num_requests: int):
         conv_initial_tokens=tile(base.conv_initial_tokens), turn_domain=tile(base.turn_domain),
         turn_user_tokens=tile(base.turn_user_tokens),
         turn_reply_tokens=tile(base.turn_reply_tokens), turn_think_s=tile(base.turn_think_s),
-        turn_hash_ids=tuple(tuple(i + k * id_stride for i in ids)
-                            for k in range(copies) for ids in base.turn_hash_ids)[keep])
+        turn_hash_ids=all_ids.take(np.arange(num_requests)))
 
 
 def _workload(kind: str, num_requests: int):

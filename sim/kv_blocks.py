@@ -27,6 +27,12 @@ RUN_KEY_BITS = 32
 """Low bits of a block key: a run's offset (below 2**31) plus the block index (below 2**31)."""
 
 
+TRACE_NAMESPACES = 64
+TRACE_NAMES = (1 << 31) // TRACE_NAMESPACES
+"""Trace hash ids below this, in namespaces -1..62, get keys computed from (namespace, id), all
+within a C long (-2**63 and up); any other run is numbered in a table."""
+
+
 class KvCapacityError(RuntimeError):
     """An allocation asked for more blocks than are free (a scheduler bug, not bad input)."""
 
@@ -53,16 +59,25 @@ class KvBlockManager:
         block j of it is `key_base + j`. Plain ints hash and compare faster than tuples.
         Streams and trace hash ids are separate name spaces: a MoL hop keyed by conversation 5
         and an answer under trace hash id 5 in one adapter's KV are different text."""
+        if is_trace_hash and 0 <= name < TRACE_NAMES and -1 <= namespace < TRACE_NAMESPACES - 1:
+            # A trace names tens of millions of ids, most used once: a key computed from the
+            # name needs no table entry (which cost more memory than the trace itself). These
+            # keys are negative, so never equal to a numbered run's.
+            code = name * TRACE_NAMESPACES + namespace + 1
+            return -((code + 1) << RUN_KEY_BITS) + self._offset(code)
         run_ids = self._run_ids
         run = (namespace, is_trace_hash, name)
         run_id = run_ids.get(run)
         if run_id is None:
             run_id = run_ids[run] = len(run_ids)
+        return (run_id << RUN_KEY_BITS) + self._offset(run_id)
+
+    @staticmethod
+    def _offset(code: int) -> int:
         # The run in the high bits keeps keys distinct; a scrambled offset in the low bits
         # spreads runs over the dicts' slots (which the low bits pick): with the block index
         # alone there, block j of every run would probe the same slot.
-        offset = (run_id * 2654435761) % (1 << (RUN_KEY_BITS - 1))
-        return (run_id << RUN_KEY_BITS) + offset
+        return (code * 2654435761) % (1 << (RUN_KEY_BITS - 1))
 
     @property
     def num_free(self) -> int:

@@ -219,7 +219,7 @@ def trace_workload(rng: np.random.Generator, path: str | Path, *, num_domains: i
         domains = popularity_domains(rng, count, num_domains, "uniform")
     hash_ids = None
     if hash_ids_column is not None:
-        hash_ids = [tuple(r[hash_ids_column]) for r in rows]
+        hash_ids = [r[hash_ids_column] for r in rows]
     return single_turn_workload(arrival, table.input_tokens, table.output_tokens, domains,
                                 hash_ids, hash_block_tokens)
 

@@ -9,6 +9,45 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 
+class HashIds:
+    """Per turn, trace prefix-block ids held as two flat arrays (ids, and where each turn's
+    start): a million turns of ~25 ids as tuples of Python ints would take a gigabyte. Reads
+    as a sequence of tuples of ints."""
+
+    def __init__(self, ids: np.ndarray, starts: np.ndarray):
+        """`ids`: every turn's ids end to end; `starts`: [T + 1] offsets into `ids`."""
+        self.ids, self.starts = ids, starts
+
+    @classmethod
+    def of(cls, per_turn) -> "HashIds":
+        """From a sequence of id sequences."""
+        lengths = np.fromiter(map(len, per_turn), dtype=np.int64, count=len(per_turn))
+        flat = [i for ids in per_turn for i in ids]
+        try:
+            ids = np.array(flat, dtype=np.int64)
+        except OverflowError:  # ids past 64 bits stay Python ints
+            ids = np.array(flat, dtype=object)
+        return cls(ids, np.concatenate([[0], np.cumsum(lengths)]))
+
+    def __len__(self) -> int:
+        return self.starts.size - 1
+
+    def __getitem__(self, turn: int) -> tuple[int, ...]:
+        return tuple(self.ids[self.starts[turn]:self.starts[turn + 1]].tolist())
+
+    def __iter__(self):
+        return (self[t] for t in range(len(self)))
+
+    def take(self, turns: np.ndarray) -> "HashIds":
+        """The ids of `turns`, in that order."""
+        turns = np.asarray(turns, dtype=np.int64)
+        lengths = self.starts[turns + 1] - self.starts[turns]
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+        # Position of every kept id in `ids`: its turn's start plus its index within the turn.
+        within = np.arange(starts[-1]) - np.repeat(starts[:-1], lengths)
+        return HashIds(self.ids[np.repeat(self.starts[turns], lengths) + within], starts)
+
+
 @dataclass(frozen=True, eq=False)
 class Workload:
     """Conversations sorted by arrival; turn arrays hold every conversation's turns in order."""
@@ -29,7 +68,7 @@ class Workload:
     """int [T]: tokens of the reply."""
     turn_think_s: np.ndarray
     """float [T]: user think time between the previous reply and this turn (0 for the first)."""
-    turn_hash_ids: tuple[tuple[int, ...], ...] | None = None
+    turn_hash_ids: HashIds | tuple[tuple[int, ...], ...] | None = None
     """Per turn, trace prefix-block ids naming the prompt's KV blocks (Mooncake); or None."""
     hash_block_tokens: int = 512
     """Tokens per trace hash id."""
@@ -96,7 +135,7 @@ def single_turn_workload(arrival_s, prompt_tokens, output_tokens, domains,
         turn_user_tokens=np.asarray(prompt_tokens, dtype=np.int64)[order],
         turn_reply_tokens=np.asarray(output_tokens, dtype=np.int64)[order],
         turn_think_s=np.zeros(n),
-        turn_hash_ids=None if hash_ids is None else tuple(hash_ids[i] for i in order),
+        turn_hash_ids=None if hash_ids is None else HashIds.of(hash_ids).take(order),
         hash_block_tokens=hash_block_tokens)
 
 

@@ -144,3 +144,39 @@ def test_stream_and_trace_hash_blocks_never_share_keys():
     hash_keys = by_hash.block_keys_between(0, 4, 16, kv.key_base)
     assert len(stream_keys) == len(hash_keys) == 4
     assert not set(stream_keys) & set(hash_keys)
+
+
+def test_trace_hash_keys_are_distinct_per_namespace_and_id_and_take_no_table_entry():
+    """Trace hash ids in the usual range get keys computed from (namespace, id): every pair
+    distinct (also across the edges of the range and against numbered runs), each run's
+    blocks its own, and the run table stays empty (it held an entry per id: gigabytes at a
+    million Mooncake requests)."""
+    from sim.kv_blocks import RUN_KEY_BITS, TRACE_NAMES, TRACE_NAMESPACES
+
+    kv = KvBlockManager(num_blocks=64, block_size=16, enable_prefix_caching=True)
+    names = [0, 1, 2, TRACE_NAMESPACES, TRACE_NAMES - 1, TRACE_NAMES, 2**40, -1]
+    namespaces = [-1, 0, 1, TRACE_NAMESPACES - 2, TRACE_NAMESPACES - 1, 1000]
+    runs = {(ns, name): kv.key_base(ns, name, True) for ns in namespaces for name in names}
+    # Numbered runs: streams, and trace ids outside the computed range.
+    numbered = [(ns, n) for ns, n in runs if not (0 <= n < TRACE_NAMES
+                                                  and -1 <= ns < TRACE_NAMESPACES - 1)]
+    assert len(kv._run_ids) == len(numbered)
+    computed = [base for run, base in runs.items() if run not in numbered]
+    assert max(computed) + 2**RUN_KEY_BITS <= 0  # below every numbered run's keys (>= 0)
+    runs.update({("stream", ns, n): kv.key_base(ns, n) for ns in namespaces for n in names[:4]})
+    blocks = [base + j for base in runs.values() for j in (0, 1, 2**(RUN_KEY_BITS - 1) - 1)]
+    assert len(set(blocks)) == len(blocks)
+    assert all(-2**63 <= b < 2**63 for b in blocks)  # within a C long: fast ranges and hashes
+    assert kv.key_base(1, 2, True) == runs[(1, 2)]  # the same run, the same keys
+    assert kv.key_base(1000, 2, True) == runs[(1000, 2)]
+
+
+def test_hash_ids_read_back_as_the_tuples_they_hold():
+    from sim.workloads import HashIds
+
+    per_turn = [(5, 6, 7), (), (8,), (2**70, 1), (9, 10)]
+    ids = HashIds.of(per_turn)
+    assert len(ids) == 5 and list(ids) == per_turn and ids[3] == (2**70, 1)
+    assert all(type(i) is int for i in ids[0])
+    assert list(ids.take(np.array([4, 0, 1, 0]))) == [(9, 10), (5, 6, 7), (), (5, 6, 7)]
+    assert HashIds.of([(1, 2), (3,)]).ids.dtype == np.int64
