@@ -99,6 +99,10 @@ def _case(kind: str, num_requests: int, mode: str, queue) -> None:
     workload = _workload(kind, num_requests)
     config = small_config("multi_lora", mode=mode, max_num_seqs=32, max_loras=8,
                           num_adapters=8).model_copy(update={"check_invariants": False})
+    # A million Mooncake requests arrive over 38 days, past the default 30-day bound.
+    bounds = config.bounds.model_copy(update={"max_simulated_time_s": max(
+        config.bounds.max_simulated_time_s, 2 * float(workload.conv_arrival_s.max()))})
+    config = config.model_copy(update={"bounds": bounds})
     start, cpu_start = time.perf_counter(), time.process_time()
     result = simulate(config, workload, timeseries_interval_s=10.0)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
@@ -118,6 +122,11 @@ def run_case(kind: str, num_requests: int, mode: str) -> dict:
     queue = ctx.Queue()
     proc = ctx.Process(target=_case, args=(kind, num_requests, mode, queue))
     proc.start()
+    while queue.empty():  # a case that raised would leave the queue empty for ever
+        if not proc.is_alive() and queue.empty():
+            raise RuntimeError(f"{kind} {num_requests} {mode}: the case's process died "
+                               f"(exit code {proc.exitcode}; its traceback is above)")
+        time.sleep(0.5)
     row = queue.get()
     proc.join()
     return row
