@@ -19,7 +19,7 @@ class HashIds:
         self.ids, self.starts = ids, starts
 
     @classmethod
-    def of(cls, per_turn) -> "HashIds":
+    def of(cls, per_turn) -> HashIds:
         """From a sequence of id sequences."""
         lengths = np.fromiter(map(len, per_turn), dtype=np.int64, count=len(per_turn))
         flat = [i for ids in per_turn for i in ids]
@@ -38,7 +38,7 @@ class HashIds:
     def __iter__(self):
         return (self[t] for t in range(len(self)))
 
-    def take(self, turns: np.ndarray) -> "HashIds":
+    def take(self, turns: np.ndarray) -> HashIds:
         """The ids of `turns`, in that order."""
         turns = np.asarray(turns, dtype=np.int64)
         lengths = self.starts[turns + 1] - self.starts[turns]
