@@ -99,7 +99,7 @@ class PricingSource:
     def describe(self) -> str:
         """One line for reports: which profile, measured where, with what error."""
         if self.profile is None:
-            return "assumed coefficients (sim.cost_model.DEFAULT_COEFFS; no fitted profile)"
+            return "assumed coefficients (sim.cost_coeffs.DEFAULT_COEFFS; no fitted profile)"
         p = self.profile
         test = [r for r in p.fit.errors if r.split == "test" and r.group == "all"]
         error = f", held-out step MAPE {test[0].mape:.1%}" if test else ""
