@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from calibrate.host_allocator import keep_freed_memory
 from calibrate.recorder import StepSample
 from sim.catalogue import get_model
 
@@ -53,6 +54,7 @@ class CedSession:
         from engine_ext.routing import PointerHead, Router
 
         torch.set_num_threads(1)
+        self.host_allocator = keep_freed_memory()
         torch.manual_seed(seed)
         self.torch = torch
         cfg = get_preset(PRESET)
@@ -148,7 +150,8 @@ def _write_meta(path: Path, session: CedSession) -> None:
     meta = dict(engine=dict(name="molcap-ced", version=version("molcap"),
                             settings=dict(preset=PRESET, max_loras=2, max_lora_rank=8,
                                           num_head_params=session.num_head_params,
-                                          num_threads=1)),
+                                          num_threads=1,
+                                          host_allocator=session.host_allocator)),
                 hardware=dict(gpu="cpu", fingerprint=machine_fingerprint()),
                 packages={"torch": version("torch"), "molcap": version("molcap")},
                 load_average=load_average())

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from calibrate.host_allocator import keep_freed_memory
 from calibrate.recorder import StepSample, samples_from_vllm_steps
 from calibrate.replay import (  # noqa: F401 - re-exported
     ReplayClock,
@@ -128,8 +129,10 @@ class VllmSession:
 
         from engine_ext.vllm_plugin import step_timer
 
+        self.host_allocator = "device allocator"
         if spec.device == "cpu":
             torch.set_num_threads(spec.num_threads)  # before vLLM's worker disables the call
+            self.host_allocator = keep_freed_memory()
 
         self.spec, self.folder = spec, Path(folder)
         if not (self.folder / "model" / "config.json").exists():
@@ -297,7 +300,8 @@ def engine_meta(session: VllmSession) -> dict:
     cache = session.llm.llm_engine.vllm_config.cache_config
     return dict(engine=dict(name="vllm", version=session.version,
                             settings={**asdict(session.spec),
-                                      "num_gpu_blocks": int(cache.num_gpu_blocks or 0)}),
+                                      "num_gpu_blocks": int(cache.num_gpu_blocks or 0),
+                                      "host_allocator": session.host_allocator}),
                 hardware=dict(gpu=session.spec.gpu_kind,
                               fingerprint=machine_fingerprint(session.spec.device)),
                 packages=packages, load_average=load_average())
