@@ -5,7 +5,10 @@ preempting the most recently admitted sequence (recompute: its blocks are droppe
 is missing; then, if nothing was preempted, waiting sequences in arrival order while the token
 budget, max_num_seqs, KV blocks and adapter slots allow (a sequence whose adapter finds no slot
 is skipped, as vLLM does; any other shortage stops admission). `commit` applies a step, or a run
-of identical decode steps, after its time has passed.
+of identical decode steps, after its time has passed. Decoding sequences are kept as one group
+(`sim.decode_group`), so that a step walks only the sequences whose state changes; a step the
+group cannot plan that way (a preemption, decodes over the token budget) dissolves it and walks
+the batch.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 
 from sim.adapter_slots import AdapterSlots
 from sim.config import EngineLimits
+from sim.decode_group import DecodeGroup
 from sim.kv_blocks import KvBlockManager
 from sim.sequence import Sequence
 
@@ -37,6 +41,12 @@ class StepPlan:
     adapter_load_s: float = 0.0
     num_admitted: int = 0
     num_preempted: int = 0
+    group: DecodeGroup | None = None
+    num_group_decodes: int = 0
+    """The first `num_group_decodes` decodes are the members of `group`, whose fields lag
+    (`sim.decode_group`): read their contexts from `decode_contexts`."""
+    decode_contexts: np.ndarray | None = None
+    """Context tokens of each decode, when the plan has group decodes."""
 
     @property
     def is_empty(self) -> bool:
@@ -70,6 +80,9 @@ class Engine:
         self.num_tokens_per_decode_step = limits.num_tokens_per_decode_step
         self.num_decode_compute_tokens = 1 + limits.num_speculative_tokens
         self.num_preemptions = 0
+        self.group = DecodeGroup(limits.block_size, self.num_tokens_per_decode_step)
+        self._orders: dict[Sequence, int] = {}  # running sequence -> admission count
+        self._num_admissions = 0
 
     @property
     def num_outstanding(self) -> int:
@@ -83,10 +96,54 @@ class Engine:
     def schedule(self, now: float) -> StepPlan:
         """Choose the next step's work and reserve its KV blocks."""
         plan = StepPlan()
-        budget = self._schedule_running(plan, self.limits.max_num_batched_tokens, now)
+        budget = self.limits.max_num_batched_tokens
+        left = self._schedule_group(plan, budget) if self.group.members else None
+        if left is None:
+            self.group.dissolve()
+            left = self._schedule_running(plan, budget, now)
         if plan.num_preempted == 0:
-            self._admit(plan, budget, now)
+            self._admit(plan, left, now)
+        if plan.num_group_decodes:
+            plan.decode_contexts = self.group.contexts(plan.decodes[plan.num_group_decodes:])
         return plan
+
+    def _schedule_group(self, plan: StepPlan, budget: int) -> int | None:
+        """`_schedule_running` when the group's members come first in running order, all fit
+        the budget and no preemption is needed: the members decode as one and only the
+        sequences after them (prompt chunks) are walked. The budget left, or None to let
+        `_schedule_running` walk the batch (the group dissolved)."""
+        group, running, bs = self.group, self.running, self.block_size
+        members, cost = group.members, self.num_decode_compute_tokens
+        m = len(members)
+        if m * cost > budget or running[:m] != members:
+            return None
+        budget -= m * cost
+        needs = group.step_block_needs()
+        total = sum(n for _, n in needs)
+        chunks = []
+        for seq in running[m:]:
+            pending = seq.num_prompt_tokens + seq.num_generated_tokens - seq.num_computed_tokens
+            if seq.num_generated_tokens and pending == 1:
+                return None  # a decode outside the group (one the budget skipped)
+            num_new = min(pending, budget)
+            if num_new <= 0:
+                continue
+            need = -(-(seq.num_computed_tokens + num_new) // bs) - len(seq.block_keys)
+            chunks.append((seq, num_new, need))
+            total += max(need, 0)
+            budget -= num_new
+        if total > self.kv.num_free:
+            return None
+        for seq, num_new, need in chunks:
+            if need > 0:
+                seq.block_keys.extend([None] * need)
+            plan.prefills.append((seq, num_new))
+            self._note_prompt_end(seq, num_new, plan)
+        group.add_blocks(needs)
+        self.kv.allocate(total)
+        plan.decodes = list(members)
+        plan.group, plan.num_group_decodes = group, m
+        return budget
 
     def _decode_tokens(self, seq: Sequence) -> int:
         return min(self.num_tokens_per_decode_step,
@@ -138,6 +195,7 @@ class Engine:
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         """Recompute preemption: drop the sequence's KV and queue it first."""
         self.running.remove(seq)
+        del self._orders[seq]
         self.kv.release(seq.block_keys)
         self.slots.release(seq.adapter)
         seq.block_keys = []
@@ -203,6 +261,8 @@ class Engine:
             seq.first_scheduled_s = now
         self._rebuild_window(seq, done if not seq.is_kv_preloaded else 0, plan)
         self.running.append(seq)
+        self._orders[seq] = self._num_admissions
+        self._num_admissions += 1
         plan.num_admitted += 1
         if is_decode:
             plan.decodes.append(seq)
@@ -229,14 +289,19 @@ class Engine:
         """Steps the pure-decode `plan` can repeat before a sequence finishes or KV runs out."""
         adv = self.num_tokens_per_decode_step
         bs, free = self.block_size, self.kv.num_free
-        remaining = [s.num_output_tokens - s.num_generated_tokens for s in plan.decodes]
-        num_steps = -(-min(remaining) // adv)
+        if plan.num_group_decodes:  # a pure-decode plan's decodes are all members, or none
+            min_remaining = self.group.min_remaining()
+        else:
+            min_remaining = min(s.num_output_tokens - s.num_generated_tokens
+                                for s in plan.decodes)
+        num_steps = -(-min_remaining // adv)
         # A sequence holds the blocks of its computed tokens, so a run of span tokens adds at
         # most ceil(span / bs) blocks to each: when that fits (the usual case), nothing to count.
-        if len(remaining) * -(-num_steps * adv // bs) <= free:
+        if len(plan.decodes) * -(-num_steps * adv // bs) <= free:
             return num_steps
-        rows = [(r, s.num_computed_tokens, len(s.block_keys))
-                for r, s in zip(remaining, plan.decodes, strict=True)]
+        rows = self.group.rows() if plan.num_group_decodes else [
+            (s.num_output_tokens - s.num_generated_tokens, s.num_computed_tokens,
+             len(s.block_keys)) for s in plan.decodes]
         if sum(max(0, -(-(c + min(num_steps * adv, r)) // bs) - h) for r, c, h in rows) <= free:
             return num_steps
         remaining, computed, held = np.array(rows).T
@@ -253,7 +318,7 @@ class Engine:
 
     def commit(self, plan: StepPlan, num_steps: int, now: float) -> list[Sequence]:
         """Apply `plan` repeated `num_steps` times (decode runs only) ending at `now`."""
-        finished = []
+        finished, joining = [], []
         for seq, num_new in plan.prefills:
             seq.num_computed_tokens += num_new
             seq.num_prefill_tokens_computed += num_new
@@ -265,10 +330,20 @@ class Engine:
                         seq.first_token_s = now
             if seq.is_finished:
                 finished.append(seq)
+            elif not seq.is_prefilling:
+                joining.append(seq)
         bs = self.block_size
         step = self.num_tokens_per_decode_step * num_steps
-        unallocated = 0  # one allocation for the run's new blocks (nothing frees any meanwhile)
-        for seq in plan.decodes:
+        # One allocation for the run's new blocks (nothing frees any meanwhile); the group's
+        # members first, as they come first in the plan's decodes.
+        m = plan.num_group_decodes
+        unallocated = 0
+        if m:
+            unallocated, done = self.group.advance(step)
+            for seq in done:
+                self.group.leave(seq)
+            finished.extend(done)
+        for seq in plan.decodes[m:]:
             emitted = min(step, seq.num_output_tokens - seq.num_generated_tokens)
             computed = seq.num_computed_tokens = seq.num_computed_tokens + emitted
             generated = seq.num_generated_tokens = seq.num_generated_tokens + emitted
@@ -280,7 +355,11 @@ class Engine:
                 seq.first_token_s = now
             if generated >= seq.num_output_tokens:  # Sequence.is_finished for a decoding one
                 finished.append(seq)
+            else:
+                joining.append(seq)
         self.kv.allocate(unallocated)
+        for seq in joining:
+            self.group.join(seq, self._orders[seq])
         for seq in finished:
             self._finish(seq, now)
         if self.check_invariants:
@@ -314,6 +393,7 @@ class Engine:
     def _finish(self, seq: Sequence, now: float) -> None:
         self._register_full_blocks(seq)
         self.running.remove(seq)
+        del self._orders[seq]
         self.kv.release(seq.block_keys)
         self.slots.release(seq.adapter)
         seq.block_keys = []

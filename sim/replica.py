@@ -142,8 +142,11 @@ def _attribute(plan, elapsed_s: float, num_decode_tokens: int) -> None:
     per_token = elapsed_s / tokens if tokens else 0.0
     for seq, num_new in plan.prefills:
         seq.busy_prefill_s += num_new * per_token
-    for seq in plan.decodes:
-        seq.busy_decode_s += num_decode_tokens * per_token
+    share = num_decode_tokens * per_token
+    if plan.num_group_decodes:  # the group adds it to each member when the member leaves
+        plan.group.add_share(share)
+    for seq in plan.decodes[plan.num_group_decodes:]:
+        seq.busy_decode_s += share
     for seq, num_replay in replays:
         seq.busy_replay_s += num_replay * per_token
     for seq, num_reencode in reencodes:

@@ -27,6 +27,9 @@ from sim.engine import StepPlan
 
 MAX_VECTOR_SEARCH_CELLS = 1 << 15
 """Runs up to this many (step, sequence) cells find an interrupted step in one numpy pass."""
+MAX_CACHED_CHUNKS = 1 << 16
+"""Attention seconds of lone prompt chunks kept per pricer (cleared when full: memory stays
+bounded on runs of millions of distinct prompts)."""
 
 
 def reencode_span(seq) -> tuple[int, int]:
@@ -96,6 +99,7 @@ class StepPricer:
                 del _SHARED_NON_ATTENTION[next(iter(_SHARED_NON_ATTENTION))]  # the oldest
             self._non_attention_s = _SHARED_NON_ATTENTION.setdefault(key, {})
         self._strided_prefix = np.zeros(0)
+        self._chunk_attention_s: dict[tuple[int, int, int, int], float] = {}
         self._table = np.zeros(0)
         self.num_predict_calls = 0
 
@@ -110,8 +114,9 @@ class StepPricer:
             adapted.append(seq.is_prefill_adapted), first.append(seq.first_layer)
             last.append(seq_last), replay.append(False)
             samples.append(ends_prompt and seq.num_output_tokens > 0)
-        for seq in plan.decodes:
-            new.append(self.num_decode_compute_tokens), ctx.append(seq.num_computed_tokens)
+        contexts = self.decode_contexts(plan).tolist()
+        for seq, context in zip(plan.decodes, contexts, strict=True):
+            new.append(self.num_decode_compute_tokens), ctx.append(context)
             ids.append(seq.adapter), adapted.append(seq.is_decode_adapted), first.append(0)
             last.append(num_layers), replay.append(False), samples.append(True)
         for seq in plan.replays:
@@ -138,12 +143,30 @@ class StepPricer:
                 + plan.adapter_load_s
         attention = 0.0
         if plan.prefills or plan.replays or plan.reencodes:
-            attention += float(self._other_attention_s(plan).sum())
+            attention += self._other_attention_total_s(plan)
         if plan.decodes:
-            contexts = np.fromiter((s.num_computed_tokens for s in plan.decodes), np.int64,
-                                   count=len(plan.decodes))
-            attention += float(self._decode_table(int(contexts.max()))[contexts].sum())
+            contexts = self.decode_contexts(plan)
+            try:  # the table usually covers every context already: no max to take
+                per_item = self._table[contexts]
+            except IndexError:
+                per_item = self._decode_table(int(contexts.max()))[contexts]
+            attention += float(per_item.sum())
         return self._cached_non_attention_s(plan) + attention + plan.adapter_load_s
+
+    def _other_attention_total_s(self, plan: StepPlan) -> float:
+        """`_other_attention_s` summed; a lone prompt chunk (most steps that have one) is
+        looked up by what its attention depends on, computed once per key."""
+        if len(plan.prefills) != 1 or plan.replays or plan.reencodes:
+            return float(self._other_attention_s(plan).sum())
+        seq, num_new = plan.prefills[0]
+        key = (num_new, seq.num_computed_tokens, seq.first_layer, seq.last_layer)
+        cached = self._chunk_attention_s.get(key)
+        if cached is None:
+            if len(self._chunk_attention_s) >= MAX_CACHED_CHUNKS:
+                self._chunk_attention_s.clear()
+            cached = float(self._other_attention_s(plan).sum())
+            self._chunk_attention_s[key] = cached
+        return cached
 
     def _other_attention_s(self, plan: StepPlan) -> np.ndarray:
         """Attention seconds of each prefill chunk, replay and re-encode of `plan` (every item
@@ -178,7 +201,10 @@ class StepPricer:
                 num_adapted += num_new
                 adapters.add(seq.adapter)
         num_adapted_decodes = 0
-        for seq in plan.decodes:
+        if plan.num_group_decodes:  # counted by the group as members join and leave
+            num_adapted_decodes = plan.group.num_adapted
+            adapters.update(plan.group.adapters)
+        for seq in plan.decodes[plan.num_group_decodes:]:
             if seq.is_decode_adapted and seq.adapter >= 0:
                 num_adapted_decodes += 1
                 adapters.add(seq.adapter)
@@ -254,10 +280,17 @@ class StepPricer:
     def decode_run(self, plan: StepPlan, num_steps: int) -> DecodeRun:
         """Step times of repeating the pure-decode `plan` up to `num_steps` times."""
         const_s = self._cached_non_attention_s(plan)
-        contexts = np.fromiter((s.num_computed_tokens for s in plan.decodes), dtype=np.int64,
-                               count=len(plan.decodes))
+        contexts = self.decode_contexts(plan)
         max_index = int(contexts.max()) + self.adv * num_steps
         return DecodeRun(const_s, contexts, self._prefix(max_index), self.adv)
+
+    @staticmethod
+    def decode_contexts(plan: StepPlan) -> np.ndarray:
+        """Context tokens of each of `plan`'s decodes, in order."""
+        if plan.decode_contexts is not None:
+            return plan.decode_contexts
+        return np.fromiter((s.num_computed_tokens for s in plan.decodes), np.int64,
+                           count=len(plan.decodes))
 
     def _decode_table(self, max_index: int) -> np.ndarray:
         """T[x]: one decode item's attention seconds at context x, for x <= max_index."""

@@ -1,0 +1,143 @@
+"""The engine's decode group (`sim.decode_group`) plans and commits exactly what walking every
+running sequence does: same steps, same blocks, same finishes, same float seconds."""
+
+import numpy as np
+import pytest
+
+from sim.config import EngineLimits
+from sim.decode_group import DecodeGroup
+from sim.engine import Engine
+from sim.replica import _attribute
+from sim.sequence import Sequence
+from sim.step_pricer import StepPricer
+
+SCENARIOS = {
+    # name: (engine limits, KV blocks, longest prompt)
+    "roomy": (dict(max_num_seqs=12, max_num_batched_tokens=400), 4000, 200),
+    "chunked": (dict(max_num_seqs=16, max_num_batched_tokens=64), 4000, 200),
+    "tight kv": (dict(max_num_seqs=16, max_num_batched_tokens=256), 60, 200),
+    "speculative": (dict(max_num_seqs=8, max_num_batched_tokens=128, num_speculative_tokens=3,
+                         mean_accepted_tokens=2.6, block_size=4), 480, 200),
+    # Short prompts finish within a step's last few tokens: more decodes than the budget holds.
+    "decodes over budget": (dict(max_num_seqs=24, max_num_batched_tokens=32,
+                                 num_speculative_tokens=3, mean_accepted_tokens=2.0), 4000, 6),
+    "no prefix cache": (dict(max_num_seqs=10, max_num_batched_tokens=96,
+                             enable_prefix_caching=False), 80, 200),
+}
+
+
+def _sequences(rng, n, max_prompt):
+    seqs = []
+    for i in range(n):
+        prompt = int(rng.integers(1, max_prompt))
+        seqs.append(Sequence(
+            seq_id=i, hop="answer", adapter=int(rng.integers(-1, 3)), kv_namespace=-1,
+            num_prompt_tokens=prompt, num_output_tokens=int(rng.integers(1, 50)), submit_s=0.0,
+            stream_id=int(rng.integers(0, 3)), num_stream_prompt_tokens=prompt,
+            is_decode_adapted=bool(rng.integers(0, 2))))
+    return seqs
+
+
+def _drive(seed: int, limits: dict, num_blocks: int, max_prompt: int, *, walk: bool,
+           monkeypatch) -> list:
+    """Run 60 sequences through one engine, arrivals and run lengths drawn from `seed`; every
+    step's plan and outcome, then every sequence's fields. `walk`: never use the group."""
+    if walk:
+        monkeypatch.setattr(Engine, "_schedule_group", lambda self, plan, budget: None)
+    else:
+        monkeypatch.undo()
+    rng = np.random.default_rng(seed)
+    engine = Engine(EngineLimits(**limits), num_blocks, [0.0, 0.0, 0.0], check_invariants=True)
+    seqs = _sequences(rng, 60, max_prompt)
+    waiting, log, now = list(seqs), [], 0.0
+    while waiting or engine.num_outstanding:
+        for _ in range(int(rng.integers(0, 3))):
+            if waiting:
+                engine.add(waiting.pop(0))
+        if not engine.num_outstanding:
+            continue
+        plan = engine.schedule(now)
+        free_planned = engine.kv.num_free
+        num_steps = 1
+        if plan.is_pure_decode:  # a run cut anywhere, as an arrival would
+            num_steps = int(rng.integers(1, engine.max_decode_run_steps(plan) + 1))
+        elapsed = float(rng.random())
+        now += elapsed
+        _attribute(plan, elapsed, engine.num_decode_compute_tokens)
+        contexts = StepPricer.decode_contexts(plan).tolist()
+        finished = engine.commit(plan, num_steps, now)
+        log.append(([(s.seq_id, n) for s, n in plan.prefills], [s.seq_id for s in plan.decodes],
+                    contexts, free_planned, num_steps, plan.num_preempted,
+                    [s.seq_id for s in finished],
+                    engine.kv.num_free, [len(s.block_keys) for s in engine.running]))
+    log.append([(s.num_generated_tokens, s.num_computed_tokens, s.busy_decode_s,
+                 s.busy_prefill_s, s.first_token_s, s.finish_s, s.num_preemptions)
+                for s in seqs])
+    return log
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+@pytest.mark.parametrize("seed", (0, 1))
+def test_group_plans_and_commits_what_walking_the_batch_does(name, seed, monkeypatch):
+    walked = _drive(seed, *SCENARIOS[name], walk=True, monkeypatch=monkeypatch)
+    grouped = _drive(seed, *SCENARIOS[name], walk=False, monkeypatch=monkeypatch)
+    assert len(grouped) == len(walked)
+    for step, (got, expected) in enumerate(zip(grouped, walked, strict=True)):
+        assert got == expected, f"step {step}"  # floats too: equal, not close
+
+
+def test_group_is_used_and_members_follow_the_counter():
+    # Three decoding sequences joined at different ticks: their fields come back from the
+    # counter, blocks grow when computed tokens pass a block edge, finishes come in order.
+    group = DecodeGroup(block_size=4, tokens_per_step=1)
+    seqs = []
+    for i, (prompt, out) in enumerate(((5, 3), (3, 6), (8, 3))):
+        seq = Sequence(seq_id=i, hop="answer", adapter=i - 1, kv_namespace=-1,
+                       num_prompt_tokens=prompt, num_output_tokens=out, submit_s=0.0,
+                       num_computed_tokens=prompt, num_generated_tokens=1)
+        seq.block_keys = [None] * -(-prompt // 4)
+        seqs.append(seq)
+    group.join(seqs[2], order=2)
+    group.join(seqs[0], order=0)
+    group.add_share(0.5)  # before seqs[1] joins: not its share
+    group.join(seqs[1], order=1)
+    assert group.members == seqs and group.adapters == {0: 1, 1: 1} and group.num_adapted == 2
+    assert group.min_remaining() == 2
+    added, done = group.advance(1)
+    group.add_share(0.25)
+    assert (added, done) == (1, [])  # seqs[2] reaches 9 computed tokens: a third block
+    assert [len(s.block_keys) for s in seqs] == [2, 1, 3]
+    added, done = group.advance(1)
+    assert added == 1 and done == [seqs[0], seqs[2]]  # seqs[1] reaches 5 computed: 2 blocks
+    for seq in done:
+        group.leave(seq)
+    assert (seqs[0].num_generated_tokens, seqs[0].num_computed_tokens) == (3, 7)
+    assert seqs[0].busy_decode_s == 0.75 and seqs[2].busy_decode_s == 0.75
+    assert group.members == [seqs[1]] and group.adapters == {0: 1}
+    group.dissolve()
+    assert (seqs[1].num_generated_tokens, seqs[1].num_computed_tokens) == (3, 5)
+    assert seqs[1].busy_decode_s == 0.25 and not group.members
+
+
+@pytest.mark.parametrize("field", ("num_computed_tokens", "first_layer", "last_layer"))
+def test_lone_prompt_chunk_prices_are_cached_by_all_they_depend_on(field):
+    # Two steps, each one prompt chunk of 64 tokens, differing in one field: the second must
+    # not reuse the first's attention (priced step by step for reference).
+    from sim.engine import StepPlan
+    from sim.simulate import create_profile
+    from sim.testing import small_config
+
+    config = small_config("multi_lora")
+    profile = create_profile(config)
+    pricers = [StepPricer(config.coeffs, profile, replay_first_layer=0,
+                          num_decode_compute_tokens=1, num_tokens_per_decode_step=1,
+                          is_fast=is_fast) for is_fast in (True, False)]
+    values = {"num_computed_tokens": (0, 512), "first_layer": (0, 4),
+              "last_layer": (-1, profile.num_layers // 2)}[field]
+    for value in values:
+        seq = Sequence(seq_id=0, hop="answer", adapter=0, kv_namespace=0, num_prompt_tokens=2048,
+                       num_output_tokens=4, submit_s=0.0)
+        setattr(seq, field, value)
+        plan = StepPlan(prefills=[(seq, 64)])
+        fast, reference = (pricer.step_s(plan) for pricer in pricers)
+        assert fast == pytest.approx(reference, rel=1e-9)
