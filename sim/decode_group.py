@@ -49,6 +49,7 @@ class DecodeGroup:
         """Each member's running order (ascending)."""
         self.context_offsets: list[int] = []
         """Each member's computed tokens minus `tick`."""
+        self._offsets_array: np.ndarray | None = None  # of context_offsets, until they change
         self.adapters: dict[int, int] = {}
         """Members per adapter, over members whose decode is adapted."""
         self.num_adapted = 0
@@ -74,6 +75,7 @@ class DecodeGroup:
         self.members.insert(i, seq)
         self.orders.insert(i, order)
         self.context_offsets.insert(i, seq.num_computed_tokens - self.tick)
+        self._offsets_array = None
         if seq.is_decode_adapted and seq.adapter >= 0:
             self.adapters[seq.adapter] = self.adapters.get(seq.adapter, 0) + 1
             self.num_adapted += 1
@@ -149,8 +151,9 @@ class DecodeGroup:
 
     def contexts(self, extra: list[Sequence]) -> np.ndarray:
         """Context tokens of the members, then of `extra` (plain decodes after them)."""
-        contexts = np.array(self.context_offsets, dtype=np.int64)
-        contexts += self.tick
+        if self._offsets_array is None:
+            self._offsets_array = np.array(self.context_offsets, dtype=np.int64)
+        contexts = self._offsets_array + self.tick
         if extra:
             contexts = np.append(contexts, [s.num_computed_tokens for s in extra])
         return contexts
@@ -184,6 +187,7 @@ class DecodeGroup:
                                    seq.busy_decode_s)
         i = bisect_left(self.orders, member.order)
         del self.members[i], self.orders[i], self.context_offsets[i]
+        self._offsets_array = None
         if seq.is_decode_adapted and seq.adapter >= 0:
             self.num_adapted -= 1
             if self.adapters[seq.adapter] == 1:
