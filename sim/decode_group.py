@@ -84,7 +84,7 @@ class DecodeGroup:
 
     def _push_block_tick(self, seq: Sequence, info: _Member) -> None:
         # Computed tokens prompt - 1 + tick - base exceed the blocks held from this tick on.
-        held_tokens = len(seq.block_keys) * self.block_size
+        held_tokens = seq.num_blocks * self.block_size
         tick = held_tokens - seq.num_prompt_tokens + 2 + info.base
         heappush(self._block_heap, (tick, info.order, info.token, seq))
 
@@ -110,14 +110,14 @@ class DecodeGroup:
             generated = tick - info[seq].base
             new = min(adv, seq.num_output_tokens - generated)
             end = seq.num_prompt_tokens - 1 + generated + new
-            needs.append((seq, -(-end // bs) - len(seq.block_keys)))
+            needs.append((seq, -(-end // bs) - seq.num_blocks))
         return needs
 
     def add_blocks(self, needs: list[tuple[Sequence, int]]) -> None:
         """Extend each member's blocks by its (unallocated) need and re-arm its heap entry."""
         for seq, need in needs:
             if need > 0:
-                seq.block_keys.extend([None] * need)
+                seq.num_blocks += need
             self._push_block_tick(seq, self._info[seq])
 
     def advance(self, num_tokens: int) -> tuple[int, list[Sequence]]:
@@ -130,10 +130,10 @@ class DecodeGroup:
         for seq in self._pop_due(self._block_heap, tick):
             member = info[seq]
             computed = seq.num_prompt_tokens - 1 + self._generated(seq, member, tick)
-            need = -(-computed // bs) - len(seq.block_keys)
+            need = -(-computed // bs) - seq.num_blocks
             if need > 0:
                 added += need
-                seq.block_keys.extend([None] * need)
+                seq.num_blocks += need
             self._push_block_tick(seq, member)
         finished = self._pop_due(self._finish_heap, tick)
         finished.sort(key=lambda s: info[s].order)
@@ -165,7 +165,7 @@ class DecodeGroup:
         for seq in self.members:
             generated = tick - info[seq].base
             rows.append((seq.num_output_tokens - generated,
-                         seq.num_prompt_tokens - 1 + generated, len(seq.block_keys)))
+                         seq.num_prompt_tokens - 1 + generated, seq.num_blocks))
         return rows
 
     def add_share(self, seconds: float) -> None:

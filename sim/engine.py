@@ -128,7 +128,7 @@ class Engine:
             num_new = min(pending, budget)
             if num_new <= 0:
                 continue
-            need = -(-(seq.num_computed_tokens + num_new) // bs) - len(seq.block_keys)
+            need = -(-(seq.num_computed_tokens + num_new) // bs) - seq.num_blocks
             chunks.append((seq, num_new, need))
             total += max(need, 0)
             budget -= num_new
@@ -136,7 +136,7 @@ class Engine:
             return None
         for seq, num_new, need in chunks:
             if need > 0:
-                seq.block_keys.extend([None] * need)
+                seq.num_blocks += need
             plan.prefills.append((seq, num_new))
             self._note_prompt_end(seq, num_new, plan)
         group.add_blocks(needs)
@@ -170,7 +170,7 @@ class Engine:
             if num_new <= 0 or cost > budget:
                 i += 1
                 continue
-            need = -(-(seq.num_computed_tokens + num_new) // bs) - len(seq.block_keys)
+            need = -(-(seq.num_computed_tokens + num_new) // bs) - seq.num_blocks
             if need > 0:
                 if need > kv.num_free - unallocated:
                     kv.allocate(unallocated)
@@ -181,7 +181,7 @@ class Engine:
                         self._preempt(seq, plan)
                         continue
                 unallocated += need
-                seq.block_keys.extend([None] * need)
+                seq.num_blocks += need
             if is_prefilling:
                 plan.prefills.append((seq, num_new))
                 self._note_prompt_end(seq, num_new, plan)
@@ -196,9 +196,10 @@ class Engine:
         """Recompute preemption: drop the sequence's KV and queue it first."""
         self.running.remove(seq)
         del self._orders[seq]
-        self.kv.release(seq.block_keys)
+        self.kv.release(seq.block_runs, seq.num_blocks)
         self.slots.release(seq.adapter)
-        seq.block_keys = []
+        seq.block_runs = []
+        seq.num_blocks = 0
         seq.num_registered_blocks = 0
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
@@ -211,7 +212,7 @@ class Engine:
             plan.num_routing_decisions += seq.num_routing_decisions
             seq.is_routing_done = True
 
-    def _cached_prefix(self, seq: Sequence) -> list:
+    def _cached_prefix(self, seq: Sequence) -> list[range]:
         if seq.num_computed_tokens or not self.kv.enable_prefix_caching or not seq.is_cacheable:
             return []
         return self.kv.cached_prefix(seq.block_key_runs(
@@ -235,7 +236,8 @@ class Engine:
         """Admit `seq` into this step if everything it needs is free; its token cost, or 0."""
         bs = self.block_size
         hits = self._cached_prefix(seq)
-        done = len(hits) * bs
+        num_hits = sum(map(len, hits))
+        done = num_hits * bs
         if seq.is_kv_preloaded and seq.num_preemptions == 0:
             done = seq.num_tokens - 1  # the prompt's KV arrived with the request
         pending = seq.num_tokens - done
@@ -244,15 +246,16 @@ class Engine:
         cost = self.num_decode_compute_tokens if is_decode else num_new
         if cost > budget or (num_new < pending and not self.limits.enable_chunked_prefill):
             return 0
-        need = _ceil_div(done + num_new, bs) - len(hits)
+        need = _ceil_div(done + num_new, bs) - num_hits
         if need + self.kv.count_evictable(hits) > self.kv.num_free:
             return 0
         self.kv.acquire_cached(hits)
         self.kv.allocate(need)
-        seq.block_keys = hits + [None] * need
-        seq.num_registered_blocks = len(hits)
+        seq.block_runs = hits
+        seq.num_blocks = num_hits + need
+        seq.num_registered_blocks = num_hits
         if seq.num_preemptions == 0:
-            seq.num_cached_tokens = len(hits) * bs
+            seq.num_cached_tokens = num_hits * bs
         seq.num_computed_tokens = done
         load_s = self.slots.activate(seq.adapter)
         seq.adapter_load_s += load_s
@@ -301,7 +304,7 @@ class Engine:
             return num_steps
         rows = self.group.rows() if plan.num_group_decodes else [
             (s.num_output_tokens - s.num_generated_tokens, s.num_computed_tokens,
-             len(s.block_keys)) for s in plan.decodes]
+             s.num_blocks) for s in plan.decodes]
         if sum(max(0, -(-(c + min(num_steps * adv, r)) // bs) - h) for r, c, h in rows) <= free:
             return num_steps
         remaining, computed, held = np.array(rows).T
@@ -347,10 +350,10 @@ class Engine:
             emitted = min(step, seq.num_output_tokens - seq.num_generated_tokens)
             computed = seq.num_computed_tokens = seq.num_computed_tokens + emitted
             generated = seq.num_generated_tokens = seq.num_generated_tokens + emitted
-            need = -(-computed // bs) - len(seq.block_keys)
+            need = -(-computed // bs) - seq.num_blocks
             if need > 0:
                 unallocated += need
-                seq.block_keys.extend([None] * need)
+                seq.num_blocks += need
             if seq.first_token_s < 0:
                 seq.first_token_s = now
             if generated >= seq.num_output_tokens:  # Sequence.is_finished for a decoding one
@@ -365,8 +368,9 @@ class Engine:
         if self.check_invariants:
             self.kv.check_invariants()
             # Sequences sharing a cached prefix hold the same blocks: count each block once.
-            keys = [k for s in self.running for k in s.block_keys]
-            held = keys.count(None) + len(set(keys) - {None})
+            keys = [k for s in self.running for run in s.block_runs for k in run]
+            uncached = sum(s.num_blocks for s in self.running) - len(keys)
+            held = uncached + len(set(keys))
             assert held == self.kv.num_used, (held, self.kv.num_used)
             assert len({s.adapter for s in self.running if s.adapter >= 0}) <= self.slots.max_loras
         return finished
@@ -375,26 +379,22 @@ class Engine:
         if seq.last_layer >= 0 or not seq.is_cacheable:
             return  # a pass over some layers only leaves no reusable whole-model KV
         num_full = seq.num_computed_tokens // self.block_size
-        start = seq.num_registered_blocks
-        held, kv = seq.block_keys, self.kv
-        if not kv.enable_prefix_caching:  # nothing would register
-            seq.num_registered_blocks = num_full
-            return
-        keys = seq.block_keys_between(start, num_full, self.block_size, kv.key_base)
-        stop = start + len(keys)
-        if held[start:stop].count(None) == len(keys) and kv.register_new(keys):
-            held[start:stop] = keys
-        else:
-            for index, key in enumerate(keys, start):
-                if held[index] is None and kv.register(key):
-                    held[index] = key
+        kv = self.kv
+        if kv.enable_prefix_caching and num_full > seq.num_registered_blocks:
+            new = kv.register(seq.block_key_runs(seq.num_registered_blocks, num_full,
+                                                 self.block_size, kv.key_base))
+            held = seq.block_runs
+            if new and held and held[-1].stop == new[0].start:  # one range, not two
+                held[-1] = range(held[-1].start, new.pop(0).stop)
+            held += new
         seq.num_registered_blocks = num_full
 
     def _finish(self, seq: Sequence, now: float) -> None:
         self._register_full_blocks(seq)
         self.running.remove(seq)
         del self._orders[seq]
-        self.kv.release(seq.block_keys)
+        self.kv.release(seq.block_runs, seq.num_blocks)
         self.slots.release(seq.adapter)
-        seq.block_keys = []
+        seq.block_runs = []
+        seq.num_blocks = 0
         seq.finish_s = now

@@ -1,30 +1,29 @@
-"""Paged KV blocks with a prefix cache keyed by (KV namespace, block hash) and LRU eviction.
+"""Paged KV blocks with a prefix cache keyed by block keys and LRU eviction, held as ranges.
 
 Blocks are counted, not named: a block is free, cached and unreferenced (evictable, kept in LRU
 order), or held by sequences. A cached block carries a key; a sequence that finds a leading run
 of its keys cached takes those blocks instead of computing them. Allocation takes uncached free
 blocks first, then evicts the least recently released cached block.
 
-A sequence's keys come in runs (a conversation's context is hundreds of blocks), so every
-operation takes a whole list of keys and, in the usual case (all blocks new, all unshared),
-updates the tables with C-level bulk calls; the per-key loop remains only for the mixed case and
-does the same updates in the same order.
+Keys are ints and a run (a conversation's text stream, a trace hash id) names its blocks with
+consecutive keys, so every operation takes ranges of keys, and the cache holds "pieces": ranges
+of cached keys whose blocks share one reference count. The evictable pieces form a linked LRU
+list; a sequence releases its blocks tail first, so a piece is evicted from its highest key
+down, and a piece released right after the piece above it joins it. Splitting a piece where a
+range starts or ends keeps each piece's place in that order, so evictions happen in the same
+order, block for block, as with one entry per block: a 150-block turn costs a few piece
+operations instead of 150 dict entries.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Hashable
-from itertools import islice, takewhile
-
-
-def _drain(iterator) -> None:
-    """Run an iterator of side effects to its end at C speed."""
-    deque(iterator, maxlen=0)
-
+import itertools
+from bisect import bisect_right
+from operator import attrgetter
 
 RUN_KEY_BITS = 32
-"""Low bits of a block key: a run's offset (below 2**31) plus the block index (below 2**31)."""
+"""Low bits of a block key: a run's offset (below 2**31) plus the block index (below 2**31).
+The high bits name the run: a range of keys never spans two (`key >> RUN_KEY_BITS`)."""
 
 
 TRACE_NAMESPACES = 64
@@ -32,9 +31,28 @@ TRACE_NAMES = (1 << 31) // TRACE_NAMESPACES
 """Trace hash ids below this, in namespaces -1..62, get keys computed from (namespace, id), all
 within a C long (-2**63 and up); any other run is numbered in a table."""
 
+_SCRAMBLE = 2654435761
+_OFFSET_MASK = (1 << (RUN_KEY_BITS - 1)) - 1
+"""A run's keys start at a scrambled offset below 2**31 (the run in the high bits keeps them
+distinct): it spread runs over dict slots when the cache held a dict entry per block, and is
+kept so that keys stay what they were."""
+
+_start = attrgetter("start")
+
 
 class KvCapacityError(RuntimeError):
     """An allocation asked for more blocks than are free (a scheduler bug, not bad input)."""
+
+
+class _Piece:
+    """Cached keys start..stop-1 with `refs` holders each; unreferenced ones sit in the LRU
+    list (prev/next), to be evicted from stop-1 down."""
+
+    __slots__ = ("start", "stop", "refs", "prev", "next")
+
+    def __init__(self, start: int, stop: int, refs: int):
+        self.start, self.stop, self.refs = start, stop, refs
+        self.prev = self.next = self
 
 
 class KvBlockManager:
@@ -45,14 +63,15 @@ class KvBlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.num_free_uncached = num_blocks
-        self._refs: dict[Hashable, int] = {}
-        # LRU order is insertion order: a key enters when its last holder releases it and
-        # leaves when taken or evicted, never re-inserted while present. A plain dict keeps
-        # that order like an OrderedDict, at a fraction of the cost per key.
-        self._evictable: dict[Hashable, None] = {}
-        self._num_holes = 0
-        self._run_ids: dict[tuple[int, bool, int], int] = {}
         self.num_evictions = 0
+        self._pieces: dict[int, list[_Piece]] = {}
+        """Run (key >> RUN_KEY_BITS) -> its cached pieces, sorted and disjoint."""
+        self._lru = _Piece(0, 0, -1)
+        """Sentinel of the circular LRU list: next is the oldest evictable piece."""
+        self._num_cached = 0
+        self._num_evictable = 0
+        self._run_bases: dict[tuple[int, bool, int], int] = {}
+        """(namespace, is_trace_hash, name) of each numbered run -> its key_base."""
 
     def key_base(self, namespace: int, name: int, is_trace_hash: bool = False) -> int:
         """Key of block 0 of the run named (namespace, name), a text stream or a trace hash id:
@@ -64,25 +83,23 @@ class KvBlockManager:
             # name needs no table entry (which cost more memory than the trace itself). These
             # keys are negative, so never equal to a numbered run's.
             code = name * TRACE_NAMESPACES + namespace + 1
-            return -((code + 1) << RUN_KEY_BITS) + self._offset(code)
-        run_ids = self._run_ids
+            return ((code * _SCRAMBLE) & _OFFSET_MASK) - ((code + 1) << RUN_KEY_BITS)
+        bases = self._run_bases
         run = (namespace, is_trace_hash, name)
-        run_id = run_ids.get(run)
-        if run_id is None:
-            run_id = run_ids[run] = len(run_ids)
-        return (run_id << RUN_KEY_BITS) + self._offset(run_id)
+        base = bases.get(run)
+        if base is None:  # runs are numbered in order of first use
+            run_id = len(bases)
+            base = bases[run] = (run_id << RUN_KEY_BITS) + self._offset(run_id)
+        return base
 
     @staticmethod
     def _offset(code: int) -> int:
-        # The run in the high bits keeps keys distinct; a scrambled offset in the low bits
-        # spreads runs over the dicts' slots (which the low bits pick): with the block index
-        # alone there, block j of every run would probe the same slot.
-        return (code * 2654435761) % (1 << (RUN_KEY_BITS - 1))
+        return (code * _SCRAMBLE) & _OFFSET_MASK
 
     @property
     def num_free(self) -> int:
         """Blocks an allocation may take (uncached free plus evictable cached)."""
-        return self.num_free_uncached + len(self._evictable)
+        return self.num_free_uncached + self._num_evictable
 
     @property
     def num_used(self) -> int:
@@ -92,101 +109,202 @@ class KvBlockManager:
     @property
     def num_cached(self) -> int:
         """Blocks carrying a cache key (held or evictable)."""
-        return len(self._refs)
+        return self._num_cached
 
-    def count_cached_prefix(self, keys) -> int:
-        """Leading keys found in the cache (stops at the first miss or uncacheable block)."""
+    def cached_prefix(self, runs: list[range]) -> list[range]:
+        """The leading keys of `runs` (ranges of keys, in order) found in the cache, as ranges:
+        stops at the first key not cached."""
         if not self.enable_prefix_caching:
-            return 0
-        return len(list(takewhile(self._refs.__contains__, keys)))
-
-    def cached_prefix(self, runs: list) -> list:
-        """The leading keys of `runs` (key sequences, in order) found in the cache."""
-        hits: list = []
+            return []
+        hits = []
         for run in runs:
-            num = self.count_cached_prefix(run)
-            hits.extend(run[:num])
-            if num < len(run):
+            end = start = run.start
+            for piece in self._pieces.get(start >> RUN_KEY_BITS, ()):
+                if piece.stop <= end:
+                    continue
+                if piece.start > end:
+                    break
+                end = piece.stop
+            end = min(end, run.stop)
+            if end > start:
+                hits.append(range(start, end))
+            if end < run.stop:
                 break
         return hits
 
-    def count_evictable(self, keys: list[Hashable]) -> int:
-        """How many of `keys` (all cached) sit unreferenced in the LRU list."""
-        evictable = self._evictable
-        return sum(map(evictable.__contains__, keys))
+    def count_evictable(self, runs: list[range]) -> int:
+        """How many keys of `runs` (all cached) sit unreferenced in the LRU list."""
+        num = 0
+        for run in runs:
+            for piece in self._pieces[run.start >> RUN_KEY_BITS]:
+                if piece.refs == 0 and piece.stop > run.start and piece.start < run.stop:
+                    num += min(piece.stop, run.stop) - max(piece.start, run.start)
+        return num
 
-    def acquire_cached(self, keys: list[Hashable]) -> None:
+    def acquire_cached(self, runs: list[range]) -> None:
         """Take a reference on cached blocks (a prefix hit)."""
-        refs, evictable = self._refs, self._evictable
-        counts = list(map(refs.__getitem__, keys))
-        num_idle = counts.count(0)
-        if num_idle == len(counts):  # all unreferenced: a conversation's own earlier turn
-            _drain(map(evictable.__delitem__, keys))
-            refs.update(dict.fromkeys(keys, 1))
-            return
-        if num_idle:
-            _drain(map(evictable.__delitem__,
-                       [key for key, count in zip(keys, counts, strict=True) if count == 0]))
-        refs.update(zip(keys, map((1).__add__, counts), strict=True))
+        for run in runs:
+            pieces = self._pieces[run.start >> RUN_KEY_BITS]
+            first, stop = self._isolate(pieces, run.start, run.stop)
+            for piece in pieces[first:stop]:
+                if piece.refs == 0:
+                    piece.prev.next, piece.next.prev = piece.next, piece.prev
+                    self._num_evictable -= piece.stop - piece.start
+                piece.refs += 1
 
     def allocate(self, num_blocks: int) -> None:
         """Take `num_blocks` uncached blocks, evicting LRU cached blocks when needed."""
+        if num_blocks <= self.num_free_uncached:  # the usual case: no eviction
+            self.num_free_uncached -= num_blocks
+            return
         if num_blocks > self.num_free:
             raise KvCapacityError(f"allocate({num_blocks}) with only {self.num_free} free")
         from_free = min(num_blocks, self.num_free_uncached)
         self.num_free_uncached -= from_free
         num_evict = num_blocks - from_free
-        if num_evict:
-            evictable = self._evictable
-            victims = list(islice(evictable, num_evict))  # least recently released first
-            _drain(map(evictable.__delitem__, victims))
-            _drain(map(self._refs.__delitem__, victims))
-            self.num_evictions += num_evict
-            # A dict leaves deleted entries in place until it grows, and iterating from the
-            # front walks over them: copy it (same order) once its front holds more holes
-            # than it has keys, so an eviction never walks far.
-            self._num_holes += num_evict
-            if self._num_holes > len(evictable):
-                self._evictable = dict(evictable)
-                self._num_holes = 0
-
-    def register(self, key: Hashable) -> bool:
-        """Give a held, fully computed block a cache key; False if the key is already cached."""
-        if not self.enable_prefix_caching or key in self._refs:
-            return False
-        self._refs[key] = 1
-        return True
-
-    def register_new(self, keys: list[Hashable]) -> bool:
-        """Register a run of keys at once when none is cached yet; False (and nothing done)
-        otherwise, so that the caller registers them one by one."""
-        refs = self._refs
-        if not self.enable_prefix_caching or not refs.keys().isdisjoint(keys):
-            return False
-        refs.update(dict.fromkeys(keys, 1))
-        return True
-
-    def release(self, keys: list[Hashable | None]) -> None:
-        """Drop a sequence's blocks, tail first so that shared prefixes are evicted last."""
-        num_uncached = keys.count(None)
-        self.num_free_uncached += num_uncached
-        if num_uncached == len(keys):
+        if not num_evict:
             return
-        refs, evictable = self._refs, self._evictable
-        cached = [key for key in reversed(keys) if key is not None]
-        counts = list(map(refs.__getitem__, cached))
-        if counts.count(1) == len(counts):  # no other sequence shares them: all evictable
-            refs.update(dict.fromkeys(cached, 0))
-            evictable.update(dict.fromkeys(cached))
-            return
-        for key, count in zip(cached, counts, strict=True):
-            refs[key] = count - 1
-            if count == 1:
-                evictable[key] = None
+        self.num_evictions += num_evict
+        self._num_evictable -= num_evict
+        self._num_cached -= num_evict
+        lru = self._lru
+        while num_evict:
+            piece = lru.next
+            size = piece.stop - piece.start
+            if size > num_evict:  # evict its top keys (released last, so the LRU ones)
+                piece.stop -= num_evict
+                return
+            num_evict -= size
+            lru.next = piece.next
+            piece.next.prev = lru
+            run = piece.start >> RUN_KEY_BITS
+            pieces = self._pieces[run]
+            if len(pieces) == 1:
+                del self._pieces[run]
+            else:
+                pieces.remove(piece)
+
+    def register(self, runs: list[range]) -> list[range]:
+        """Give held, fully computed blocks their keys, except keys already cached (those
+        blocks stay uncached); the ranges of keys registered, in order."""
+        if not self.enable_prefix_caching:
+            return []
+        registered = []
+        for run in runs:
+            if not run:
+                continue
+            key = run.start >> RUN_KEY_BITS
+            pieces = self._pieces.get(key)
+            if pieces is None:
+                self._pieces[key] = [_Piece(run.start, run.stop, 1)]
+                registered.append(run)
+                continue
+            gaps, position = [], run.start
+            for piece in pieces:
+                if piece.stop <= position:
+                    continue
+                if piece.start >= run.stop:
+                    break
+                if piece.start > position:
+                    gaps.append((position, piece.start))
+                position = piece.stop
+            if position < run.stop:
+                gaps.append((position, run.stop))
+            registered += [self._add_held(pieces, start, stop) for start, stop in gaps]
+        self._num_cached += sum(map(len, registered))
+        return registered
+
+    def _add_held(self, pieces: list[_Piece], start: int, stop: int) -> range:
+        """A new piece start..stop-1 held once; it joins a held-once piece that ends at start."""
+        index = bisect_right(pieces, start, key=_start)
+        left = pieces[index - 1] if index else None
+        if left is not None and left.refs == 1 and left.stop == start:
+            left.stop = stop
+        else:
+            pieces.insert(index, _Piece(start, stop, 1))
+        return range(start, stop)
+
+    def release(self, runs: list[range], num_blocks: int) -> None:
+        """Drop a sequence's `num_blocks` blocks, of which `runs` (ranges of keys, in block
+        order) are cached: tail first, so that shared prefixes are evicted last."""
+        self.num_free_uncached += num_blocks - sum(map(len, runs))
+        lru = self._lru
+        for run in reversed(runs):
+            pieces = self._pieces[run.start >> RUN_KEY_BITS]
+            first, stop = self._isolate(pieces, run.start, run.stop)
+            for index in range(stop - 1, first - 1, -1):
+                piece = pieces[index]
+                piece.refs -= 1
+                if piece.refs:
+                    continue
+                self._num_evictable += piece.stop - piece.start
+                tail = lru.prev
+                if tail.start == piece.stop and index + 1 < len(pieces) and \
+                        pieces[index + 1] is tail:  # continues the tail piece downwards
+                    tail.start = piece.start
+                    del pieces[index]
+                else:
+                    piece.prev, piece.next = tail, lru
+                    tail.next = lru.prev = piece
+
+    def _isolate(self, pieces: list[_Piece], start: int, stop: int) -> tuple[int, int]:
+        """Split pieces where keys start and stop fall inside them; the index span of the
+        pieces then covering start..stop-1 (all cached)."""
+        first = bisect_right(pieces, start, key=_start) - 1
+        if pieces[first].start < start:
+            self._split(pieces, first, start)
+            first += 1
+        end = first
+        while end < len(pieces) and pieces[end].start < stop:
+            if pieces[end].stop > stop:
+                self._split(pieces, end, stop)
+            end += 1
+        return first, end
+
+    @staticmethod
+    def _split(pieces: list[_Piece], index: int, key: int) -> None:
+        """Cut pieces[index] before `key`: the keys below become their own piece at `index`,
+        right after the keys above in the LRU order (evicted later, as each key was)."""
+        high = pieces[index]
+        low = _Piece(high.start, key, high.refs)
+        high.start = key
+        pieces.insert(index, low)
+        if high.refs == 0:
+            low.prev, low.next = high, high.next
+            high.next.prev = low
+            high.next = low
+
+    def lru_keys(self) -> list[int]:
+        """Every evictable key, least recently released (next to be evicted) first."""
+        keys = []
+        piece = self._lru.next
+        while piece is not self._lru:
+            keys.extend(range(piece.stop - 1, piece.start - 1, -1))
+            piece = piece.next
+        return keys
 
     def check_invariants(self) -> None:
         """Raise AssertionError when the accounting is inconsistent."""
         assert 0 <= self.num_free_uncached <= self.num_blocks, self.num_free_uncached
         assert 0 <= self.num_free <= self.num_blocks, self.num_free
-        assert all(r >= 0 for r in self._refs.values())
-        assert all(self._refs[k] == 0 for k in self._evictable)
+        num_cached = 0
+        idle = []
+        for run, pieces in self._pieces.items():
+            assert pieces, run
+            for piece, after in itertools.pairwise(pieces):
+                assert piece.stop <= after.start, (piece.start, piece.stop, after.start)
+            for piece in pieces:
+                assert piece.start < piece.stop and piece.refs >= 0, (piece.start, piece.refs)
+                assert piece.start >> RUN_KEY_BITS == (piece.stop - 1) >> RUN_KEY_BITS == run
+                num_cached += piece.stop - piece.start
+                if piece.refs == 0:
+                    idle.append(piece)
+        linked, piece = [], self._lru.next
+        while piece is not self._lru:
+            assert piece.next.prev is piece, piece.start
+            linked.append(piece)
+            piece = piece.next
+        assert sorted(map(id, linked)) == sorted(map(id, idle)), "LRU list != unheld pieces"
+        assert num_cached == self._num_cached, (num_cached, self._num_cached)
+        assert sum(p.stop - p.start for p in idle) == self._num_evictable
+        assert self.num_free_uncached + self._num_cached <= self.num_blocks

@@ -165,7 +165,7 @@ class MetricsRecorder:
                             resident_mask(slots.resident))
         held: dict[int, int] = {}
         for seq in engine.running:
-            held[seq.kv_namespace] = held.get(seq.kv_namespace, 0) + len(seq.block_keys)
+            held[seq.kv_namespace] = held.get(seq.kv_namespace, 0) + seq.num_blocks
         self.kv_rows.extend((now, replica.index, ns, n) for ns, n in held.items())
 
     def frames(self) -> dict[str, pd.DataFrame]:

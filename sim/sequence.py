@@ -9,7 +9,7 @@ the stream (a reply), their blocks become cacheable too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,8 +62,13 @@ class Sequence:
     # progress
     num_computed_tokens: int = 0
     num_generated_tokens: int = 0
-    block_keys: list[Hashable | None] = field(default_factory=list)
+    num_blocks: int = 0
+    """KV blocks held."""
+    block_runs: list[range] = field(default_factory=list)
+    """Keys of the cached blocks held, in block order (the others hold no key)."""
     num_registered_blocks: int = 0
+    """Leading blocks whose key is settled (cached, or uncached because another holder
+    registered it first); every block past them is uncached."""
     num_cached_tokens: int = 0
     num_prefill_tokens_computed: int = 0
     num_preemptions: int = 0
@@ -132,6 +137,11 @@ class Sequence:
             return [range(base + start, base + stop)]
         ids, per_id = self.hash_ids, self.hash_block_tokens
         stop = min(stop, -(-len(ids) * per_id // block_size))
+        if per_id % block_size == 0:  # each hash id covers whole blocks (the usual case)
+            per = per_id // block_size
+            return [range(base + max(start, p * per), base + min(stop, p * per + per))
+                    for p in range(start // per, -(-stop // per))
+                    for base in (key_base(ns, ids[p], True),)]
         runs = []
         j = start
         while j < stop:
@@ -141,11 +151,3 @@ class Sequence:
             runs.append(range(base + j, base + end))
             j = end
         return runs
-
-    def block_keys_between(self, start: int, stop: int, block_size: int,
-                           key_base: Callable[..., int]) -> list[int]:
-        """The keys of `block_key_runs` as one list."""
-        runs = self.block_key_runs(start, stop, block_size, key_base)
-        if len(runs) == 1:
-            return list(runs[0])
-        return [key for run in runs for key in run]

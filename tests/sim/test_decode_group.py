@@ -69,7 +69,7 @@ def _drive(seed: int, limits: dict, num_blocks: int, max_prompt: int, *, walk: b
         log.append(([(s.seq_id, n) for s, n in plan.prefills], [s.seq_id for s in plan.decodes],
                     contexts, free_planned, num_steps, plan.num_preempted,
                     [s.seq_id for s in finished],
-                    engine.kv.num_free, [len(s.block_keys) for s in engine.running]))
+                    engine.kv.num_free, [s.num_blocks for s in engine.running]))
     log.append([(s.num_generated_tokens, s.num_computed_tokens, s.busy_decode_s,
                  s.busy_prefill_s, s.first_token_s, s.finish_s, s.num_preemptions)
                 for s in seqs])
@@ -95,7 +95,7 @@ def test_group_is_used_and_members_follow_the_counter():
         seq = Sequence(seq_id=i, hop="answer", adapter=i - 1, kv_namespace=-1,
                        num_prompt_tokens=prompt, num_output_tokens=out, submit_s=0.0,
                        num_computed_tokens=prompt, num_generated_tokens=1)
-        seq.block_keys = [None] * -(-prompt // 4)
+        seq.num_blocks = -(-prompt // 4)
         seqs.append(seq)
     group.join(seqs[2], order=2)
     group.join(seqs[0], order=0)
@@ -106,7 +106,7 @@ def test_group_is_used_and_members_follow_the_counter():
     added, done = group.advance(1)
     group.add_share(0.25)
     assert (added, done) == (1, [])  # seqs[2] reaches 9 computed tokens: a third block
-    assert [len(s.block_keys) for s in seqs] == [2, 1, 3]
+    assert [s.num_blocks for s in seqs] == [2, 1, 3]
     added, done = group.advance(1)
     assert added == 1 and done == [seqs[0], seqs[2]]  # seqs[1] reaches 5 computed: 2 blocks
     for seq in done:

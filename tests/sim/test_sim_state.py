@@ -1,88 +1,12 @@
-"""Plain state objects on their own: KV blocks with the prefix cache, adapter slots, workload
-generators."""
+"""Plain state objects on their own: block keys, adapter slots, workload generators (the KV
+block manager's own tests are in test_kv_blocks.py)."""
 
 import numpy as np
 import pytest
 
 from sim.adapter_slots import AdapterSlots
-from sim.kv_blocks import KvBlockManager, KvCapacityError
+from sim.kv_blocks import KvBlockManager
 from sim.workloads import conversation_workload, popularity_domains, punica_workload
-
-
-def test_prefix_cache_hits_then_lru_eviction():
-    kv = KvBlockManager(num_blocks=4, block_size=16, enable_prefix_caching=True)
-    kv.allocate(3)
-    for key in ("a", "b", "c"):
-        assert kv.register(key)
-    kv.release(["a", "b", "c"])  # tail first: c, then b, then a become evictable
-    assert (kv.num_free, kv.num_used, kv.num_cached) == (4, 0, 3)
-    assert kv.count_cached_prefix(["a", "b", "x", "c"]) == 2
-    kv.acquire_cached(["a"])
-    kv.allocate(2)  # one uncached block, then evict the LRU evictable block: c
-    assert kv.num_evictions == 1 and kv.count_cached_prefix(["a", "b"]) == 2
-    assert kv.count_cached_prefix(["c"]) == 0
-    with pytest.raises(KvCapacityError):
-        kv.allocate(2)
-    kv.check_invariants()
-
-
-def test_shared_prefix_release_keeps_lru_order_tail_first():
-    # Two sequences share blocks a, b; the first also holds c, d. Releasing it frees only its
-    # own tail (d, then c); the shared blocks follow (b, then a) when the second one leaves.
-    kv = KvBlockManager(num_blocks=6, block_size=16, enable_prefix_caching=True)
-    kv.allocate(4)
-    for key in ("a", "b", "c", "d"):
-        assert kv.register(key)
-    kv.acquire_cached(["a", "b"])
-    kv.allocate(1)  # the second sequence's private block
-    kv.release(["a", "b", "c", "d"])
-    assert (kv.num_used, kv.count_evictable(["a", "b", "c", "d"])) == (3, 2)
-    kv.release(["a", "b", None])
-    kv.allocate(3)  # 2 uncached free blocks, then evicts the LRU one: d
-    assert kv.count_cached_prefix(["a", "b", "c"]) == 3 and kv.num_evictions == 1
-    kv.allocate(1)  # then c
-    assert kv.count_cached_prefix(["a", "b", "c"]) == 2
-    kv.allocate(1)  # then b
-    assert kv.count_cached_prefix(["a", "b"]) == 1
-    kv.acquire_cached(["a"])
-    assert kv.num_free == 0
-    kv.check_invariants()
-
-
-def test_lru_order_survives_many_evictions_and_takes_from_the_middle():
-    # Evicting one block at a time, far past the pool size, with hits taken out of the middle
-    # of the LRU list and blocks released again: victims always leave oldest first.
-    kv = KvBlockManager(num_blocks=8, block_size=16, enable_prefix_caching=True)
-    released: list[int] = []  # LRU order the victims must follow
-    kv.allocate(8)
-    assert kv.register_new(list(range(8)))
-    for key in range(7, -1, -1):  # one sequence per block, released in this order
-        kv.release([key])
-        released.append(key)
-    for step in range(200):
-        hit = released[len(released) // 2]
-        kv.acquire_cached([hit])  # a prefix hit leaves the LRU list...
-        released.remove(hit)
-        kv.allocate(1)  # ...and the oldest evictable block goes
-        victim = released.pop(0)
-        assert kv.count_cached_prefix([victim]) == 0, step
-        new = 100 + step
-        assert kv.register(new)
-        kv.release([new])
-        kv.release([hit])  # ...and comes back as the most recent
-        released += [new, hit]
-    assert kv.num_evictions == 200
-    assert all(kv.count_cached_prefix([key]) == 1 for key in released)
-    kv.check_invariants()
-
-
-def test_duplicate_registration_and_disabled_cache():
-    kv = KvBlockManager(num_blocks=2, block_size=16, enable_prefix_caching=True)
-    kv.allocate(2)
-    assert kv.register("a") and not kv.register("a")
-    off = KvBlockManager(num_blocks=2, block_size=16, enable_prefix_caching=False)
-    off.allocate(1)
-    assert not off.register("a") and off.count_cached_prefix(["a"]) == 0
 
 
 def test_adapter_slots_pin_load_and_evict():
@@ -140,8 +64,8 @@ def test_stream_and_trace_hash_blocks_never_share_keys():
                   num_output_tokens=1, submit_s=0.0, num_stream_prompt_tokens=64)
     by_stream = Sequence(seq_id=1, stream_id=5, **common)
     by_hash = Sequence(seq_id=2, stream_id=5, hash_ids=(5,), hash_block_tokens=64, **common)
-    stream_keys = by_stream.block_keys_between(0, 4, 16, kv.key_base)
-    hash_keys = by_hash.block_keys_between(0, 4, 16, kv.key_base)
+    stream_keys = [k for run in by_stream.block_key_runs(0, 4, 16, kv.key_base) for k in run]
+    hash_keys = [k for run in by_hash.block_key_runs(0, 4, 16, kv.key_base) for k in run]
     assert len(stream_keys) == len(hash_keys) == 4
     assert not set(stream_keys) & set(hash_keys)
 
@@ -160,7 +84,7 @@ def test_trace_hash_keys_are_distinct_per_namespace_and_id_and_take_no_table_ent
     # Numbered runs: streams, and trace ids outside the computed range.
     numbered = [(ns, n) for ns, n in runs if not (0 <= n < TRACE_NAMES
                                                   and -1 <= ns < TRACE_NAMESPACES - 1)]
-    assert len(kv._run_ids) == len(numbered)
+    assert len(kv._run_bases) == len(numbered)
     computed = [base for run, base in runs.items() if run not in numbered]
     assert max(computed) + 2**RUN_KEY_BITS <= 0  # below every numbered run's keys (>= 0)
     runs.update({("stream", ns, n): kv.key_base(ns, n) for ns in namespaces for n in names[:4]})

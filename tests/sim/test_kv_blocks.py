@@ -1,0 +1,223 @@
+"""The KV block manager: prefix hits, registration, and eviction in exact LRU order while it
+holds blocks as ranges of keys, checked by hand and against a one-entry-per-block model."""
+
+import numpy as np
+import pytest
+
+from sim.kv_blocks import RUN_KEY_BITS, KvBlockManager, KvCapacityError
+
+
+def _keys(runs: list[range]) -> list[int]:
+    return [key for run in runs for key in run]
+
+
+def test_prefix_cache_hits_then_lru_eviction():
+    kv = KvBlockManager(num_blocks=4, block_size=16, enable_prefix_caching=True)
+    kv.allocate(3)
+    assert kv.register([range(0, 3)]) == [range(0, 3)]
+    kv.release([range(0, 3)], 3)  # tail first: 2, then 1, then 0 become evictable
+    assert (kv.num_free, kv.num_used, kv.num_cached) == (4, 0, 3)
+    assert kv.lru_keys() == [2, 1, 0]
+    assert kv.cached_prefix([range(0, 2), range(5, 6), range(2, 3)]) == [range(0, 2)]
+    kv.acquire_cached([range(0, 1)])
+    kv.allocate(2)  # one uncached block, then evict the LRU evictable block: 2
+    assert kv.num_evictions == 1 and kv.cached_prefix([range(0, 3)]) == [range(0, 2)]
+    with pytest.raises(KvCapacityError):
+        kv.allocate(2)
+    kv.check_invariants()
+
+
+def test_shared_prefix_release_keeps_lru_order_tail_first():
+    # Two sequences share blocks 0, 1; the first also holds 2, 3. Releasing it frees only its
+    # own tail (3, then 2); the shared blocks follow (1, then 0) when the second one leaves.
+    kv = KvBlockManager(num_blocks=6, block_size=16, enable_prefix_caching=True)
+    kv.allocate(4)
+    assert kv.register([range(0, 4)]) == [range(0, 4)]
+    kv.acquire_cached([range(0, 2)])
+    kv.allocate(1)  # the second sequence's private block
+    kv.release([range(0, 4)], 4)
+    assert (kv.num_used, kv.count_evictable([range(0, 4)])) == (3, 2)
+    kv.release([range(0, 2)], 3)
+    assert kv.lru_keys() == [3, 2, 1, 0]
+    kv.allocate(3)  # 2 uncached free blocks, then evicts the LRU one: 3
+    assert kv.cached_prefix([range(0, 4)]) == [range(0, 3)] and kv.num_evictions == 1
+    kv.allocate(2)  # then 2 and 1
+    assert kv.cached_prefix([range(0, 4)]) == [range(0, 1)]
+    kv.acquire_cached([range(0, 1)])
+    assert kv.num_free == 0
+    kv.check_invariants()
+
+
+def test_hits_split_pieces_in_place_and_evictions_cut_from_the_top():
+    # One sequence released 0..9 (LRU 9..0) and another 20..24 (LRU 24..20). A hit on 3..5
+    # leaves 9..6 and 2..0 where 9..0 was; evicting 6 blocks takes 9..6, then 2 and 1.
+    kv = KvBlockManager(num_blocks=16, block_size=16, enable_prefix_caching=True)
+    kv.allocate(15)
+    kv.register([range(0, 10)])
+    kv.register([range(20, 25)])
+    kv.release([range(0, 10)], 10)
+    kv.release([range(20, 25)], 5)
+    kv.acquire_cached([range(3, 6)])
+    assert kv.lru_keys() == [9, 8, 7, 6, 2, 1, 0, 24, 23, 22, 21, 20]
+    kv.check_invariants()
+    kv.allocate(7)  # 1 free, 6 evicted
+    assert kv.lru_keys() == [0, 24, 23, 22, 21, 20] and kv.num_evictions == 6
+    assert kv.cached_prefix([range(0, 10)]) == [range(0, 1)]
+    assert kv.cached_prefix([range(3, 10)]) == [range(3, 6)]
+    kv.release([range(3, 6)], 3)  # back as the most recent, tail first
+    assert kv.lru_keys() == [0, 24, 23, 22, 21, 20, 5, 4, 3]
+    kv.check_invariants()
+
+
+def test_lru_order_survives_many_evictions_and_takes_from_the_middle():
+    # Evicting one block at a time, far past the pool size, with hits taken out of the middle
+    # of the LRU list and blocks released again: victims always leave oldest first.
+    kv = KvBlockManager(num_blocks=8, block_size=16, enable_prefix_caching=True)
+    released: list[int] = []  # LRU order the victims must follow
+    kv.allocate(8)
+    assert kv.register([range(8)]) == [range(8)]
+    for key in range(7, -1, -1):  # one sequence per block, released in this order
+        kv.release([range(key, key + 1)], 1)
+        released.append(key)
+    for step in range(200):
+        hit = released[len(released) // 2]
+        kv.acquire_cached([range(hit, hit + 1)])  # a prefix hit leaves the LRU list...
+        released.remove(hit)
+        kv.allocate(1)  # ...and the oldest evictable block goes
+        victim = released.pop(0)
+        assert kv.cached_prefix([range(victim, victim + 1)]) == [], step
+        new = 100 + step
+        assert kv.register([range(new, new + 1)]) == [range(new, new + 1)]
+        kv.release([range(new, new + 1)], 1)
+        kv.release([range(hit, hit + 1)], 1)  # ...and comes back as the most recent
+        released += [new, hit]
+        assert kv.lru_keys() == released, step
+    assert kv.num_evictions == 200
+    kv.check_invariants()
+
+
+def test_registration_skips_cached_keys_and_disabled_cache_registers_nothing():
+    kv = KvBlockManager(num_blocks=8, block_size=16, enable_prefix_caching=True)
+    kv.allocate(3)
+    assert kv.register([range(2, 3)]) == [range(2, 3)]
+    kv.allocate(5)
+    # Another sequence computed 0..4 too: key 2 is someone else's, its block stays uncached.
+    assert kv.register([range(0, 5)]) == [range(0, 2), range(3, 5)]
+    assert kv.num_cached == 5 and kv.register([range(0, 5)]) == []
+    off = KvBlockManager(num_blocks=2, block_size=16, enable_prefix_caching=False)
+    off.allocate(1)
+    assert off.register([range(0, 1)]) == [] and off.cached_prefix([range(0, 1)]) == []
+
+
+class PerBlockCache:
+    """The rule, one entry per block (the manager's form before ranges): a key enters the
+    LRU order when its last holder releases it, tail first, and leaves when taken or evicted."""
+
+    def __init__(self, num_blocks: int):
+        self.num_free_uncached = num_blocks
+        self.refs: dict[int, int] = {}
+        self.lru: dict[int, None] = {}  # insertion order is LRU order
+
+    def cached_prefix(self, keys: list[int]) -> list[int]:
+        hits = []
+        for key in keys:
+            if key not in self.refs:
+                break
+            hits.append(key)
+        return hits
+
+    def acquire_cached(self, keys: list[int]) -> None:
+        for key in keys:
+            self.lru.pop(key, None)
+            self.refs[key] += 1
+
+    def allocate(self, num_blocks: int) -> None:
+        from_free = min(num_blocks, self.num_free_uncached)
+        self.num_free_uncached -= from_free
+        for key in list(self.lru)[:num_blocks - from_free]:
+            del self.lru[key], self.refs[key]
+
+    def register(self, keys: list[int]) -> list[int]:
+        new = [key for key in keys if key not in self.refs]
+        self.refs.update(dict.fromkeys(new, 1))
+        return new
+
+    def release(self, keys: list[int], num_blocks: int) -> None:
+        self.num_free_uncached += num_blocks - len(keys)
+        for key in reversed(keys):
+            self.refs[key] -= 1
+            if self.refs[key] == 0:
+                self.lru[key] = None
+
+
+def _run_keys(run: int, start: int, stop: int) -> range:
+    base = (run << RUN_KEY_BITS) + 1000
+    return range(base + start, base + stop)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_range_cache_evicts_exactly_as_one_entry_per_block(seed):
+    """Sequences on a few shared runs (a conversation's stream, or Mooncake-like pieces of
+    several runs) admitted, registered and released in random order in a tight pool: the
+    ranges give the same hits, registrations, free counts and LRU order, key for key, as
+    the per-block rule after every operation (sharing, holes, partial evictions)."""
+    rng = np.random.default_rng(seed)
+    kv, model = KvBlockManager(40, 16, True), PerBlockCache(40)
+    running: list[tuple[list[range], int]] = []
+    num_holes = 0
+    for step in range(400):
+        if running and (rng.random() < 0.45 or kv.num_free < 12):
+            runs, num_blocks = running.pop(int(rng.integers(len(running))))
+            kv.release(runs, num_blocks)
+            model.release(_keys(runs), num_blocks)
+        else:
+            # A run from block 0 (a stream), or from further in (a trace hash id at its place)
+            num_runs = int(rng.integers(1, 3))
+            runs = [_run_keys(int(run), start, start + int(rng.integers(1, 9)))
+                    for run, start in zip(rng.choice(10, size=num_runs, replace=False),
+                                          rng.integers(0, 4, num_runs), strict=True)]
+            hits = kv.cached_prefix(runs)
+            assert _keys(hits) == model.cached_prefix(_keys(runs)), step
+            num_blocks = sum(map(len, runs)) + int(rng.integers(0, 3))  # some private blocks
+            need = num_blocks - len(_keys(hits))
+            if need + kv.count_evictable(hits) > kv.num_free:
+                continue
+            kv.acquire_cached(hits)
+            model.acquire_cached(_keys(hits))
+            kv.allocate(need)
+            model.allocate(need)
+            num_hits = len(_keys(hits))
+            todo, keys = [], _keys(runs)[num_hits:]
+            for run in runs:  # the runs past the hits, as block_key_runs cuts them
+                rest = [key for key in run if key in keys]
+                if rest:
+                    todo.append(range(rest[0], rest[-1] + 1))
+            new = kv.register(todo)
+            assert _keys(new) == model.register(_keys(todo)), step
+            num_holes += len(_keys(todo)) - len(_keys(new))
+            running.append((hits + new, num_blocks))
+        assert kv.lru_keys() == list(model.lru), step
+        assert (kv.num_free_uncached, kv.num_cached) == (model.num_free_uncached,
+                                                         len(model.refs)), step
+        kv.check_invariants()
+    assert kv.num_evictions > 100 and num_holes > 0  # evictions cut pieces; keys were taken
+
+
+@pytest.mark.parametrize("per_id", [64, 48, 40, 16, 8])
+def test_trace_block_keys_follow_the_hash_id_covering_each_block(per_id):
+    """Under trace hash ids block j is named by (namespace, the id covering its first token,
+    j): the ranges, whether hash ids cover whole blocks or not, spell exactly that."""
+    from sim.sequence import Sequence
+
+    kv = KvBlockManager(num_blocks=64, block_size=16, enable_prefix_caching=True)
+    ids = (7, 3, 2**40, 11, 5)
+    seq = Sequence(seq_id=1, hop="answer", adapter=0, kv_namespace=2, num_prompt_tokens=400,
+                   num_output_tokens=1, submit_s=0.0, num_stream_prompt_tokens=400,
+                   stream_id=9, hash_ids=ids, hash_block_tokens=per_id)
+    last = min(400 // 16, -(-len(ids) * per_id // 16))
+    for start, stop in [(0, 30), (1, 7), (3, 4), (5, 2), (4, 9), (0, 1), (24, 30), (16, 30)]:
+        expected = [kv.key_base(2, ids[j * 16 // per_id], True) + j
+                    for j in range(start, min(stop, last))]
+        runs = seq.block_key_runs(start, stop, 16, kv.key_base)
+        assert [key for run in runs for key in run] == expected, (start, stop)
+        assert all(runs), (start, stop)  # no empty range
