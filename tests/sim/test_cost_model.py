@@ -53,7 +53,7 @@ CED_ARCH = ModelArch(name="unit-ced", num_layers=4, **DIMS, ced=CED)
 UNIT = CostCoeffs(
     gemm_flops_efficiency=1, attention_flops_efficiency=1, lora_flops_efficiency=1,
     memory_bandwidth_efficiency=1, lora_launch_overhead_s=0, lora_per_adapter_overhead_s=0,
-    direft_layer_overhead_s=0,
+    direft_flops_efficiency=1, direft_layer_overhead_s=0,
     routing_overhead_s=0, communication_efficiency=1, communication_latency_s=0,
     step_overhead_s=0, per_sequence_overhead_s=0,
 )
@@ -292,6 +292,18 @@ def test_direft_is_priced_by_edited_layers_positions_and_adapters_not_as_lora():
     only_layer0 = lora_profile("direft", ((0, "q_proj"),))
     assert step(ARCH, only_layer0, coeffs, new=[1], ctx=[5], adapter_ids=[0]).direft_s == approx(
         1.28e-8 + 1e-6)
+
+
+def test_direft_edits_run_at_their_own_flops_efficiency_not_loras():
+    # The plugin computes DiReFT's edits as plain matmuls, not through vLLM's LoRA kernels.
+    profile = lora_profile("direft", ((0, "q_proj"), (1, "o_proj")))
+    slow_lora = UNIT.model_copy(update={"lora_flops_efficiency": 0.001})
+    assert step(ARCH, profile, slow_lora, new=[1], ctx=[5], adapter_ids=[0]).direft_s == approx(
+        2.56e-8)
+    slow = UNIT.model_copy(update={"direft_flops_efficiency": 0.001})
+    # 256 FLOP at 0.1% of 1e12 FLOP/s: 2.56e-7 s, above the 2.56e-8 s read.
+    assert step(ARCH, profile, slow, new=[1], ctx=[5], adapter_ids=[0]).direft_s == approx(
+        2.56e-7)
 
 
 # ---- replay, routing, communication, overhead ----------------------------------------------
