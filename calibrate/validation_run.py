@@ -70,7 +70,7 @@ def _engine_spec(profile_) -> VllmEngineSpec:
     return replace(VllmEngineSpec(**settings), max_loras=VALIDATION_MAX_LORAS)
 
 
-def _group_profiles(spec: VllmEngineSpec) -> dict:
+def replay_group_profiles(spec: VllmEngineSpec) -> dict:
     """Cost profile of each replay step group ("base", "lora", "lora_p") on the cpu entry."""
     from calibrate.fitter import group_profiles
     from calibrate.runner import TARGETS
@@ -171,7 +171,7 @@ def run_validation(profile_, out: Path, *, num_repeats: int, num_requests: int, 
     workloads = validation_workloads(num_requests, quick=quick)
     spec = _engine_spec(profile_)
     rows, runs_by_workload, loads, step_checks, drift_by_workload = [], {}, [], {}, {}
-    profiles = _group_profiles(spec)
+    profiles = replay_group_profiles(spec)
     for enable_lora in (False, True):
         mine = [w for w in workloads if (w.kind != "base") == enable_lora]
         if not mine:

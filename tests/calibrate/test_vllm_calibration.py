@@ -10,7 +10,7 @@ import pytest
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 from calibrate import validator as v  # noqa: E402
-from calibrate.runner import VllmEngineSpec, VllmSession, profile_vllm, replay_open_loop  # noqa: E402
+from calibrate.runner import VllmEngineSpec, VllmSession, profile_vllm  # noqa: E402
 from planner.points import PointStore  # noqa: E402
 from planner.profiles import PROFILES_DIR, load_profile  # noqa: E402
 from sim.cost_model import CostCoeffs  # noqa: E402
@@ -92,10 +92,16 @@ def test_profile_keeps_finished_probes_and_resumes(session, tmp_path):
 
 @pytest.fixture(scope="module")
 def measured(session):
-    """LoRA and LoRA_P offline workloads, three interleaved runs each, each metric's median
-    (one run's ratio moved by +-15% between runs here): {kind: (workload, summary, blocks)}."""
+    """LoRA and LoRA_P offline workloads, three interleaved runs each, as the validation runs
+    them (`measure_run`: cold prefix cache, its drift reference probe just before), each
+    metric's median (one run's ratio moved by +-15% between runs here) and the median drift
+    factor under the shipped profile: {kind: (workload, summary, blocks, drift)}."""
     import numpy as np
 
+    from calibrate.validation_run import measure_run, replay_group_profiles, run_drift_factor
+
+    shipped = load_profile(PROFILES_DIR / "cpu-vllm-tiny-llama.yaml").coefficients
+    profiles = replay_group_profiles(SPEC)
     blocks = session.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
     workloads = {kind: v.punica_validation_workload(kind, "uniform", 4, num_requests=24,
                                                     rate_per_s=None, seed=3)
@@ -103,28 +109,38 @@ def measured(session):
     runs = {kind: [] for kind in workloads}
     for _ in range(3):
         for kind, w in workloads.items():
-            session.llm.reset_prefix_cache()  # each run cold, as the simulator starts
-            runs[kind].append(v.summarize_turns(replay_open_loop(session, list(w.conversations))))
-    return {kind: (w, {m: float(np.median([r[m] for r in runs[kind]])) for m in runs[kind][0]},
-                   blocks) for kind, w in workloads.items()}
+            runs[kind].append(measure_run(session, w, "cpu"))
+    out = {}
+    for kind, w in workloads.items():
+        summaries = [r["summary"] for r in runs[kind]]
+        drift = np.median([run_drift_factor(r, shipped, profiles) for r in runs[kind]])
+        out[kind] = (w, {m: float(np.median([s[m] for s in summaries])) for m in summaries[0]},
+                     blocks, float(drift))
+    return out
 
 
 def _predicted(measured, coeffs: CostCoeffs) -> dict[str, dict]:
-    return {kind: v.predict(w, coeffs, SPEC, blocks) for kind, (w, _, blocks) in measured.items()}
+    return {kind: v.predict(w, coeffs, SPEC, blocks)
+            for kind, (w, _, blocks, _) in measured.items()}
 
 
 def test_shipped_profile_predicts_small_workloads_within_a_loose_bound(measured):
     fitted = load_profile(PROFILES_DIR / "cpu-vllm-tiny-llama.yaml").coefficients
     predicted = _predicted(measured, fitted)
+    # The machine's speed moves by tens of percent with its other jobs (the profile was
+    # measured in a quiet spell; under the team's load 3 the same engine ran 1.3-1.8x slower):
+    # each prediction is scaled by the drift reference probe's factor, measured just before
+    # each run and never by the workload, so this checks the model's shape, not the minute.
     # The median end-to-end latency of an offline batch moved with what ran before it in the
     # process, on a quiet machine (load ~1): LoRA_P's error was +19% with this module alone,
     # +39% after tests/app, +62% in the whole suite; the cause is not isolated (not the torch
     # thread count, 1 in each). So end-to-end is held to a factor of 2, the rest to 50%.
     bounds = {"throughput_tokens_per_s": 0.5, "tpot_p50_s": 0.5, "e2e_p50_s": 1.0}
-    for kind, (_, summary, _) in measured.items():
+    for kind, (_, summary, _, drift) in measured.items():
+        scaled = v.scale_prediction(predicted[kind], drift)
         for metric, bound in bounds.items():
-            error = predicted[kind][metric] / summary[metric] - 1
-            assert abs(error) < bound, (kind, metric, error)
+            error = scaled[metric] / summary[metric] - 1
+            assert abs(error) < bound, (kind, metric, error, drift)
 
 
 def _ratio_error(measured, predicted) -> float:
@@ -137,7 +153,7 @@ def _ratio_error(measured, predicted) -> float:
 def test_fitted_lora_mechanisms_explain_lora_vs_lora_p_where_the_assumed_ones_do_not(measured):
     fitted = load_profile(PROFILES_DIR / "cpu-vllm-tiny-llama.yaml").coefficients
     fitted_error = _ratio_error(measured, _predicted(measured, fitted))
-    assert abs(fitted_error) < 0.12  # measured 3% here
+    assert abs(fitted_error) < 0.12, fitted_error  # measured 3% here
     # Before calibration the cpu entry priced LoRA as two flat constants: LoRA_P came out
     # about as fast as LoRA, far from the measured gap.
     assumed_error = _ratio_error(measured, _predicted(measured, ASSUMED_BEFORE))
