@@ -216,7 +216,7 @@ class Engine:
         if seq.num_computed_tokens or not self.kv.enable_prefix_caching or not seq.is_cacheable:
             return []
         return self.kv.cached_prefix(seq.block_key_runs(
-            0, (seq.num_tokens - 1) // self.block_size, self.block_size, self.kv.key_base))
+            0, (seq.num_tokens - 1) // self.block_size, self.block_size, self.kv))
 
     def _admit(self, plan: StepPlan, budget: int, now: float) -> None:
         skipped: list[Sequence] = []
@@ -382,7 +382,7 @@ class Engine:
         kv = self.kv
         if kv.enable_prefix_caching and num_full > seq.num_registered_blocks:
             new = kv.register(seq.block_key_runs(seq.num_registered_blocks, num_full,
-                                                 self.block_size, kv.key_base))
+                                                 self.block_size, kv))
             held = seq.block_runs
             if new and held and held[-1].stop == new[0].start:  # one range, not two
                 held[-1] = range(held[-1].start, new.pop(0).stop)

@@ -92,6 +92,15 @@ class KvBlockManager:
             base = bases[run] = (run_id << RUN_KEY_BITS) + self._offset(run_id)
         return base
 
+    def trace_key_bases(self, namespace: int, names: tuple[int, ...]) -> list[int]:
+        """`key_base(namespace, name, True)` of each trace hash id in `names`."""
+        if names and -1 <= namespace < TRACE_NAMESPACES - 1 and 0 <= min(names) and \
+                max(names) < TRACE_NAMES:  # all computed: no call per id
+            codes = [name * TRACE_NAMESPACES + namespace + 1 for name in names]
+            return [((code * _SCRAMBLE) & _OFFSET_MASK) - ((code + 1) << RUN_KEY_BITS)
+                    for code in codes]
+        return [self.key_base(namespace, name, True) for name in names]
+
     @staticmethod
     def _offset(code: int) -> int:
         return (code * _SCRAMBLE) & _OFFSET_MASK
@@ -145,7 +154,10 @@ class KvBlockManager:
         """Take a reference on cached blocks (a prefix hit)."""
         for run in runs:
             pieces = self._pieces[run.start >> RUN_KEY_BITS]
-            first, stop = self._isolate(pieces, run.start, run.stop)
+            if len(pieces) == 1 and pieces[0].start == run.start and pieces[0].stop == run.stop:
+                first, stop = 0, 1  # the run is one whole piece (the usual case)
+            else:
+                first, stop = self._isolate(pieces, run.start, run.stop)
             for piece in pieces[first:stop]:
                 if piece.refs == 0:
                     piece.prev.next, piece.next.prev = piece.next, piece.prev
@@ -199,6 +211,14 @@ class KvBlockManager:
                 self._pieces[key] = [_Piece(run.start, run.stop, 1)]
                 registered.append(run)
                 continue
+            last = pieces[-1]
+            if last.stop <= run.start:  # past every cached key of its run (the usual case)
+                if last.refs == 1 and last.stop == run.start:
+                    last.stop = run.stop
+                else:
+                    pieces.append(_Piece(run.start, run.stop, 1))
+                registered.append(run)
+                continue
             gaps, position = [], run.start
             for piece in pieces:
                 if piece.stop <= position:
@@ -231,7 +251,10 @@ class KvBlockManager:
         lru = self._lru
         for run in reversed(runs):
             pieces = self._pieces[run.start >> RUN_KEY_BITS]
-            first, stop = self._isolate(pieces, run.start, run.stop)
+            if len(pieces) == 1 and pieces[0].start == run.start and pieces[0].stop == run.stop:
+                first, stop = 0, 1  # the run is one whole piece (the usual case)
+            else:
+                first, stop = self._isolate(pieces, run.start, run.stop)
             for index in range(stop - 1, first - 1, -1):
                 piece = pieces[index]
                 piece.refs -= 1

@@ -9,9 +9,11 @@ the stream (a reply), their blocks become cacheable too.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sim.kv_blocks import KvBlockManager
 
 PRIVATE_STREAM = -1
 
@@ -119,13 +121,13 @@ class Sequence:
         return self.stream_id != PRIVATE_STREAM or self.hash_ids is not None
 
     def block_key_runs(self, start: int, stop: int, block_size: int,
-                       key_base: Callable[..., int]) -> list[range]:
+                       kv: KvBlockManager) -> list[range]:
         """Cache keys of blocks start..stop-1, cut at the first block holding private tokens, as
         runs of consecutive ints (one per stream, or one per trace hash id).
 
         Block j is named by (namespace, stream, j), or under trace hash ids by (namespace, the
-        hash id covering it, j); `key_base(namespace, name, is_trace_hash)` turns a name into
-        the key of its block 0."""
+        hash id covering it, j); `kv.key_base` (`kv.trace_key_bases` for many trace hash ids)
+        turns a name into the key of its block 0."""
         stop = min(stop, self.num_stream_tokens // block_size)
         if stop <= start:
             return []
@@ -133,21 +135,26 @@ class Sequence:
         if self.hash_ids is None:
             if self.stream_id == PRIVATE_STREAM:
                 return []
-            base = key_base(ns, self.stream_id)
+            base = kv.key_base(ns, self.stream_id)
             return [range(base + start, base + stop)]
         ids, per_id = self.hash_ids, self.hash_block_tokens
         stop = min(stop, -(-len(ids) * per_id // block_size))
         if per_id % block_size == 0:  # each hash id covers whole blocks (the usual case)
             per = per_id // block_size
-            return [range(base + max(start, p * per), base + min(stop, p * per + per))
-                    for p in range(start // per, -(-stop // per))
-                    for base in (key_base(ns, ids[p], True),)]
+            first, last = start // per, -(-stop // per)  # the ids covering start..stop-1
+            bases = kv.trace_key_bases(ns, ids[first:last])
+            runs = [range(base + j, base + j + per)
+                    for base, j in zip(bases, range(first * per, last * per, per), strict=True)]
+            if runs:  # the first and last ids' blocks cut at start and stop
+                runs[0] = range(bases[0] + start, runs[0].stop)
+                runs[-1] = range(runs[-1].start, bases[-1] + stop)
+            return runs
         runs = []
         j = start
         while j < stop:
             position = j * block_size // per_id
             end = min(stop, -(-(position + 1) * per_id // block_size))  # past its hash id
-            base = key_base(ns, ids[position], True)
+            base = kv.key_base(ns, ids[position], True)
             runs.append(range(base + j, base + end))
             j = end
         return runs

@@ -218,6 +218,6 @@ def test_trace_block_keys_follow_the_hash_id_covering_each_block(per_id):
     for start, stop in [(0, 30), (1, 7), (3, 4), (5, 2), (4, 9), (0, 1), (24, 30), (16, 30)]:
         expected = [kv.key_base(2, ids[j * 16 // per_id], True) + j
                     for j in range(start, min(stop, last))]
-        runs = seq.block_key_runs(start, stop, 16, kv.key_base)
+        runs = seq.block_key_runs(start, stop, 16, kv)
         assert [key for run in runs for key in run] == expected, (start, stop)
         assert all(runs), (start, stop)  # no empty range

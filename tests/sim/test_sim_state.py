@@ -64,8 +64,8 @@ def test_stream_and_trace_hash_blocks_never_share_keys():
                   num_output_tokens=1, submit_s=0.0, num_stream_prompt_tokens=64)
     by_stream = Sequence(seq_id=1, stream_id=5, **common)
     by_hash = Sequence(seq_id=2, stream_id=5, hash_ids=(5,), hash_block_tokens=64, **common)
-    stream_keys = [k for run in by_stream.block_key_runs(0, 4, 16, kv.key_base) for k in run]
-    hash_keys = [k for run in by_hash.block_key_runs(0, 4, 16, kv.key_base) for k in run]
+    stream_keys = [k for run in by_stream.block_key_runs(0, 4, 16, kv) for k in run]
+    hash_keys = [k for run in by_hash.block_key_runs(0, 4, 16, kv) for k in run]
     assert len(stream_keys) == len(hash_keys) == 4
     assert not set(stream_keys) & set(hash_keys)
 
