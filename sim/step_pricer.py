@@ -13,6 +13,8 @@ non-attention part is cached by the counts it depends on, read off the plan with
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from sim.cost_model import (
@@ -25,8 +27,6 @@ from sim.cost_model import (
 from sim.cost_profile import CostProfile
 from sim.engine import StepPlan
 
-MAX_VECTOR_SEARCH_CELLS = 1 << 15
-"""Runs up to this many (step, sequence) cells find an interrupted step in one numpy pass."""
 MAX_CACHED_CHUNKS = 1 << 16
 """Attention seconds of lone prompt chunks kept per pricer (cleared when full: memory stays
 bounded on runs of millions of distinct prompts)."""
@@ -48,26 +48,41 @@ class DecodeRun:
     def __init__(self, const_s: float, contexts: np.ndarray, prefix: np.ndarray, adv: int):
         self.const_s, self.contexts, self.prefix, self.adv = const_s, contexts, prefix, adv
         self._base = prefix[contexts]
+        self._elapsed: dict[int, float] = {}
 
     def elapsed_s(self, num_steps: int) -> float:
         """Seconds of the first `num_steps` steps."""
-        last = self.contexts + self.adv * num_steps
-        return num_steps * self.const_s + float((self.prefix[last] - self._base).sum())
+        seconds = self._elapsed.get(num_steps)
+        if seconds is None:
+            last = self.contexts + self.adv * num_steps
+            seconds = num_steps * self.const_s + float((self.prefix[last] - self._base).sum())
+            self._elapsed[num_steps] = seconds
+        return seconds
 
     def steps_to_reach(self, elapsed_s: float, max_steps: int) -> int:
-        """Fewest steps (>= 1) whose end lies at or after `elapsed_s` into the run."""
+        """Fewest steps (>= 1, at most `max_steps`) whose end lies at or after `elapsed_s` into
+        the run. Step ends grow about linearly (attention grows slowly with the contexts), so
+        the search starts at the linear guess from the run's end, widens until it brackets the
+        step and bisects: a few evaluations of `elapsed_s`, each O(batch). Exact because
+        `elapsed_s` never decreases with the steps (every term it sums does not)."""
         if elapsed_s <= 0:
             return 1
-        if max_steps * self.contexts.size <= MAX_VECTOR_SEARCH_CELLS:
-            # Row k sums like elapsed_s(k + 1) does (same contiguous reduction), so the two agree.
-            last = self.contexts[None, :] + self.adv * np.arange(1, max_steps + 1)[:, None]
-            ends = (np.arange(1, max_steps + 1) * self.const_s
-                    + (self.prefix[last] - self._base[None, :]).sum(axis=1))
-            return min(int(np.searchsorted(ends, elapsed_s, side="left")) + 1, max_steps)
-        lo, hi = 0, max_steps  # elapsed_s(lo) < elapsed_s <= elapsed_s(hi), elapsed_s(0) = 0
+        ends_after = self.elapsed_s
+        guess = min(max_steps, max(1, math.ceil(max_steps * elapsed_s / ends_after(max_steps))))
+        # Bracket: ends_after(lo) < elapsed_s (lo = 0 ends at 0) and elapsed_s <= ends_after(hi)
+        # or hi = max_steps.
+        width = 1
+        if ends_after(guess) >= elapsed_s:
+            lo, hi = max(0, guess - 1), guess
+            while lo > 0 and ends_after(lo) >= elapsed_s:
+                lo, hi, width = max(0, lo - 2 * width), lo, 2 * width
+        else:
+            lo, hi = guess, min(max_steps, guess + 1)
+            while hi < max_steps and ends_after(hi) < elapsed_s:
+                lo, hi, width = hi, min(max_steps, hi + 2 * width), 2 * width
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if self.elapsed_s(mid) >= elapsed_s else (mid, hi)
+            lo, hi = (lo, mid) if ends_after(mid) >= elapsed_s else (mid, hi)
         return hi
 
 

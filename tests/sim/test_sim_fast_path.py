@@ -113,19 +113,31 @@ def _decode_run(adv: int, contexts: list[int], num_steps: int):
     return pricer.decode_run(StepPlan(decodes=seqs), num_steps)
 
 
+def _synthetic_run(shape: str, adv: int, contexts: list[int]):
+    """A run whose per-item attention grows like `shape` with the context (far from the near
+    linear step ends of real runs, so that the search's first guess misses)."""
+    x = np.arange(1 << 16, dtype=float)
+    per_item = {"convex": x ** 3, "concave": np.sqrt(x), "steps": (x // 500) ** 4}[shape]
+    return step_pricer.DecodeRun(1e-3, np.array(contexts), np.cumsum(per_item), adv)
+
+
 @pytest.mark.parametrize("adv", (1, 3))
-def test_interrupted_run_search_agrees_with_bisection(monkeypatch, adv):
-    # Where an arrival cuts a run: one numpy pass over all steps, or bisection on long runs.
+@pytest.mark.parametrize("contexts", ([7, 300, 1200, 4000], [0], [5, 60_000]))
+@pytest.mark.parametrize("shape", ("real", "convex", "concave", "steps"))
+def test_interrupted_run_search_finds_the_first_step_ending_at_or_after(adv, contexts, shape):
+    # Where an arrival cuts a run: every step end, just past it, and past the run's end, each
+    # searched on a fresh run (its step ends are memoized) against all ends listed in order.
     num_steps = 200
-    run = _decode_run(adv, [7, 300, 1200, 4000], num_steps)
+    new_run = (lambda: _decode_run(adv, contexts, num_steps)) if shape == "real" else (
+        lambda: _synthetic_run(shape, adv, [min(c, 4000) for c in contexts]))
+    run = new_run()
     ends = [run.elapsed_s(k) for k in range(num_steps + 1)]
-    times = [ends[k] for k in (1, 2, 57, 199, 200)] + [ends[k] + 1e-7 for k in (0, 1, 99)]
-    found = [run.steps_to_reach(t, num_steps) for t in times]
-    monkeypatch.setattr(step_pricer, "MAX_VECTOR_SEARCH_CELLS", 0)
-    assert found == [run.steps_to_reach(t, num_steps) for t in times]
-    assert found == [1, 2, 57, 199, 200, 1, 2, 100]
-    for t, k in zip(times, found, strict=True):
-        assert ends[k - 1] < t <= ends[k]
+    assert ends == sorted(ends)
+    times = ends[1:] + [np.nextafter(e, np.inf) for e in ends[:-1]] + [ends[-1] * 2]
+    for t in times:
+        k = new_run().steps_to_reach(t, num_steps)
+        expected = next((j for j in range(1, num_steps + 1) if ends[j] >= t), num_steps)
+        assert k == expected, t
 
 
 @pytest.mark.parametrize("kind", ("multi_lora", "mol", "preft"))
