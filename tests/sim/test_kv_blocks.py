@@ -109,6 +109,37 @@ def test_registration_skips_cached_keys_and_disabled_cache_registers_nothing():
     assert off.register([range(0, 1)]) == [] and off.cached_prefix([range(0, 1)]) == []
 
 
+def _state_with_pieces() -> KvBlockManager:
+    kv = KvBlockManager(num_blocks=16, block_size=16, enable_prefix_caching=True)
+    kv.allocate(12)
+    kv.register([range(0, 6), range(10, 14)])
+    kv.release([range(0, 6)], 8)  # 0..5 evictable, 10..13 still held
+    kv.check_invariants()
+    return kv
+
+
+@pytest.mark.parametrize("corrupt", ["overlap", "unlinked", "linked_held", "count", "run"])
+def test_check_invariants_catches_each_broken_rule(corrupt):
+    """The invariants the simulator's check mode asserts after every step: pieces sorted and
+    disjoint within their run, exactly the unheld ones in the LRU list, counters that match."""
+    kv = _state_with_pieces()
+    (run,) = kv._pieces
+    low, high = kv._pieces[run]
+    if corrupt == "overlap":  # same sizes, but 5 now in both
+        high.start, high.stop = 5, 9
+    elif corrupt == "unlinked":  # an unheld piece missing from the LRU list
+        kv._lru.next = kv._lru.prev = kv._lru
+    elif corrupt == "linked_held":  # a held piece in the LRU list
+        high.prev, high.next = low, kv._lru
+        low.next = kv._lru.prev = high
+    elif corrupt == "count":
+        kv._num_evictable += 1
+    else:  # a piece filed under another run
+        kv._pieces[run + 1] = [kv._pieces[run].pop()]
+    with pytest.raises(AssertionError):
+        kv.check_invariants()
+
+
 class PerBlockCache:
     """The rule, one entry per block (the manager's form before ranges): a key enters the
     LRU order when its last holder releases it, tail first, and leaves when taken or evicted."""
