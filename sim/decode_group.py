@@ -19,7 +19,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from functools import reduce
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 from operator import add
 
 import numpy as np
@@ -82,11 +82,13 @@ class DecodeGroup:
         heappush(self._finish_heap, (base + seq.num_output_tokens, order, info.token, seq))
         self._push_block_tick(seq, info)
 
-    def _push_block_tick(self, seq: Sequence, info: _Member) -> None:
+    def _block_entry(self, seq: Sequence, info: _Member) -> tuple[int, int, int, Sequence]:
         # Computed tokens prompt - 1 + tick - base exceed the blocks held from this tick on.
-        held_tokens = seq.num_blocks * self.block_size
-        tick = held_tokens - seq.num_prompt_tokens + 2 + info.base
-        heappush(self._block_heap, (tick, info.order, info.token, seq))
+        tick = seq.num_blocks * self.block_size - seq.num_prompt_tokens + 2 + info.base
+        return tick, info.order, info.token, seq
+
+    def _push_block_tick(self, seq: Sequence, info: _Member) -> None:
+        heappush(self._block_heap, self._block_entry(seq, info))
 
     def _generated(self, seq: Sequence, info: _Member, tick: int) -> int:
         return min(seq.num_output_tokens, tick - info.base)
@@ -126,15 +128,26 @@ class DecodeGroup:
         members that finished, in running order (still members: `leave` them)."""
         self.tick += num_tokens
         tick, info, bs = self.tick, self._info, self.block_size
+        # A run of a block's worth of tokens takes every member past a block edge: walk them
+        # and rebuild the heap at once rather than pop and push each.
+        if num_tokens >= bs:
+            due = self.members
+            self._block_heap = []
+        else:
+            due = self._pop_due(self._block_heap, tick)
         added = 0
-        for seq in self._pop_due(self._block_heap, tick):
+        for seq in due:
             member = info[seq]
             computed = seq.num_prompt_tokens - 1 + self._generated(seq, member, tick)
             need = -(-computed // bs) - seq.num_blocks
             if need > 0:
                 added += need
                 seq.num_blocks += need
-            self._push_block_tick(seq, member)
+            if due is not self.members:
+                self._push_block_tick(seq, member)
+        if due is self.members:
+            self._block_heap = [self._block_entry(seq, info[seq]) for seq in due]
+            heapify(self._block_heap)
         finished = self._pop_due(self._finish_heap, tick)
         finished.sort(key=lambda s: info[s].order)
         return added, finished
