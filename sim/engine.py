@@ -397,4 +397,5 @@ class Engine:
         self.slots.release(seq.adapter)
         seq.block_runs = []
         seq.num_blocks = 0
+        seq.hash_key_table = None
         seq.finish_s = now

@@ -92,10 +92,16 @@ class KvBlockManager:
             base = bases[run] = (run_id << RUN_KEY_BITS) + self._offset(run_id)
         return base
 
+    @staticmethod
+    def computes_trace_keys(namespace: int, names: tuple[int, ...]) -> bool:
+        """Whether the keys of these trace hash ids are computed from (namespace, id) alone,
+        the same in every manager and at any time (none needs a table entry)."""
+        return bool(names) and -1 <= namespace < TRACE_NAMESPACES - 1 and 0 <= min(names) and \
+            max(names) < TRACE_NAMES
+
     def trace_key_bases(self, namespace: int, names: tuple[int, ...]) -> list[int]:
         """`key_base(namespace, name, True)` of each trace hash id in `names`."""
-        if names and -1 <= namespace < TRACE_NAMESPACES - 1 and 0 <= min(names) and \
-                max(names) < TRACE_NAMES:  # all computed: no call per id
+        if self.computes_trace_keys(namespace, names):  # all computed: no call per id
             codes = [name * TRACE_NAMESPACES + namespace + 1 for name in names]
             return [((code * _SCRAMBLE) & _OFFSET_MASK) - ((code + 1) << RUN_KEY_BITS)
                     for code in codes]

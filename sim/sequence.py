@@ -9,6 +9,7 @@ the stream (a reply), their blocks become cacheable too.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +91,10 @@ class Sequence:
     first_token_s: float = -1.0
     finish_s: float = -1.0
     replica: int = -1
+    hash_key_table: tuple[int, list[range], list[int]] | None = field(default=None, repr=False)
+    """(block size, key runs of every hash-id block, each run's first block), built on first use
+    when the keys are computed from the ids (no manager table): a prompt's ~27 runs are then
+    sliced, not recomputed, by each lookup and registration. Dropped when the sequence ends."""
 
     @property
     def num_tokens(self) -> int:
@@ -138,23 +143,47 @@ class Sequence:
             base = kv.key_base(ns, self.stream_id)
             return [range(base + start, base + stop)]
         ids, per_id = self.hash_ids, self.hash_block_tokens
-        stop = min(stop, -(-len(ids) * per_id // block_size))
-        if per_id % block_size == 0:  # each hash id covers whole blocks (the usual case)
-            per = per_id // block_size
-            first, last = start // per, -(-stop // per)  # the ids covering start..stop-1
-            bases = kv.trace_key_bases(ns, ids[first:last])
-            runs = [range(base + j, base + j + per)
-                    for base, j in zip(bases, range(first * per, last * per, per), strict=True)]
-            if runs:  # the first and last ids' blocks cut at start and stop
-                runs[0] = range(bases[0] + start, runs[0].stop)
-                runs[-1] = range(runs[-1].start, bases[-1] + stop)
-            return runs
-        runs = []
-        j = start
-        while j < stop:
-            position = j * block_size // per_id
-            end = min(stop, -(-(position + 1) * per_id // block_size))  # past its hash id
-            base = kv.key_base(ns, ids[position], True)
-            runs.append(range(base + j, base + end))
-            j = end
+        num_id_blocks = -(-len(ids) * per_id // block_size)
+        stop = min(stop, num_id_blocks)
+        if stop <= start:
+            return []
+        table = self.hash_key_table
+        if table is None or table[0] != block_size:
+            if not kv.computes_trace_keys(ns, ids):  # numbered keys: per manager, in use order
+                return _hash_key_runs(ids, per_id, ns, start, stop, block_size, kv)
+            runs = _hash_key_runs(ids, per_id, ns, 0, num_id_blocks, block_size, kv)
+            firsts, first = [], 0
+            for run in runs:
+                firsts.append(first)
+                first += len(run)
+            table = self.hash_key_table = (block_size, runs, firsts)
+        _, runs, firsts = table
+        low, high = bisect_right(firsts, start) - 1, bisect_left(firsts, stop)
+        cut = runs[low:high]  # the runs holding blocks start..stop-1, cut at both ends
+        cut[0] = range(cut[0].start + start - firsts[low], cut[0].stop)
+        cut[-1] = range(cut[-1].start, runs[high - 1].start + stop - firsts[high - 1])
+        return cut
+
+
+def _hash_key_runs(ids: tuple[int, ...], per_id: int, ns: int, start: int, stop: int,
+                   block_size: int, kv: KvBlockManager) -> list[range]:
+    """Key runs of blocks start..stop-1 (0 <= start < stop <= the ids' blocks), one per hash id
+    covering them: block j is named (ns, id covering its first token, j)."""
+    if per_id % block_size == 0:  # each hash id covers whole blocks (the usual case)
+        per = per_id // block_size
+        first, last = start // per, -(-stop // per)  # the ids covering start..stop-1
+        bases = kv.trace_key_bases(ns, ids[first:last])
+        runs = [range(base + j, base + j + per)
+                for base, j in zip(bases, range(first * per, last * per, per), strict=True)]
+        runs[0] = range(bases[0] + start, runs[0].stop)  # the first and last ids' blocks cut
+        runs[-1] = range(runs[-1].start, bases[-1] + stop)
         return runs
+    runs = []
+    j = start
+    while j < stop:
+        position = j * block_size // per_id
+        end = min(stop, -(-(position + 1) * per_id // block_size))  # past its hash id
+        base = kv.key_base(ns, ids[position], True)
+        runs.append(range(base + j, base + end))
+        j = end
+    return runs

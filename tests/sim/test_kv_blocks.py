@@ -234,21 +234,27 @@ def test_range_cache_evicts_exactly_as_one_entry_per_block(seed):
     assert kv.num_evictions > 100 and num_holes > 0  # evictions cut pieces; keys were taken
 
 
+@pytest.mark.parametrize("ids", [(7, 3, 2**40, 11, 5), (7, 3, 12, 11, 5, 7)])
 @pytest.mark.parametrize("per_id", [64, 48, 40, 16, 8])
-def test_trace_block_keys_follow_the_hash_id_covering_each_block(per_id):
+def test_trace_block_keys_follow_the_hash_id_covering_each_block(per_id, ids):
     """Under trace hash ids block j is named by (namespace, the id covering its first token,
-    j): the ranges, whether hash ids cover whole blocks or not, spell exactly that."""
+    j): the ranges, whether hash ids cover whole blocks or not, spell exactly that. With only
+    small ids (keys computed from the ids) the sequence slices a table built on first use:
+    every span, in any order and for another block size too, still spells the definition."""
     from sim.sequence import Sequence
 
     kv = KvBlockManager(num_blocks=64, block_size=16, enable_prefix_caching=True)
-    ids = (7, 3, 2**40, 11, 5)
     seq = Sequence(seq_id=1, hop="answer", adapter=0, kv_namespace=2, num_prompt_tokens=400,
                    num_output_tokens=1, submit_s=0.0, num_stream_prompt_tokens=400,
                    stream_id=9, hash_ids=ids, hash_block_tokens=per_id)
-    last = min(400 // 16, -(-len(ids) * per_id // 16))
-    for start, stop in [(0, 30), (1, 7), (3, 4), (5, 2), (4, 9), (0, 1), (24, 30), (16, 30)]:
-        expected = [kv.key_base(2, ids[j * 16 // per_id], True) + j
-                    for j in range(start, min(stop, last))]
-        runs = seq.block_key_runs(start, stop, 16, kv)
-        assert [key for run in runs for key in run] == expected, (start, stop)
-        assert all(runs), (start, stop)  # no empty range
+    spans = [(0, 30), (1, 7), (3, 4), (5, 2), (4, 9), (0, 1), (24, 30), (16, 30)]
+    spans += [(start, stop) for start in range(0, 31, 3) for stop in range(start - 1, 32, 2)]
+    for block_size in (16, 8, 16):
+        last = min(400 // block_size, -(-len(ids) * per_id // block_size))
+        for start, stop in spans:
+            expected = [kv.key_base(2, ids[j * block_size // per_id], True) + j
+                        for j in range(start, min(stop, last))]
+            runs = seq.block_key_runs(start, stop, block_size, kv)
+            assert [key for run in runs for key in run] == expected, (block_size, start, stop)
+            assert all(runs), (start, stop)  # no empty range
+    assert (seq.hash_key_table is None) == (2**40 in ids)  # numbered keys: no table
