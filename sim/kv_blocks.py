@@ -108,6 +108,15 @@ class KvBlockManager:
         return [self.key_base(namespace, name, True) for name in names]
 
     @staticmethod
+    def trace_key_runs(namespace: int, names: tuple[int, ...], per: int) -> list[range]:
+        """The keys of blocks i*per..(i+1)*per-1 under the i-th trace hash id of `names`, for
+        ids whose keys are computed (`computes_trace_keys`): one comprehension, no call per id."""
+        return [range(key, key + per)
+                for name, j in zip(names, range(0, len(names) * per, per), strict=True)
+                for code in (name * TRACE_NAMESPACES + namespace + 1,)
+                for key in ((code * _SCRAMBLE & _OFFSET_MASK) - (code + 1 << RUN_KEY_BITS) + j,)]
+
+    @staticmethod
     def _offset(code: int) -> int:
         return (code * _SCRAMBLE) & _OFFSET_MASK
 
@@ -193,7 +202,7 @@ class KvBlockManager:
                 piece.stop -= num_evict
                 return
             num_evict -= size
-            lru.next = piece.next
+            lru.next = piece.next  # one at a time: a dropped chain would be cyclic garbage
             piece.next.prev = lru
             run = piece.start >> RUN_KEY_BITS
             pieces = self._pieces[run]
@@ -207,14 +216,14 @@ class KvBlockManager:
         blocks stay uncached); the ranges of keys registered, in order."""
         if not self.enable_prefix_caching:
             return []
-        registered = []
+        registered, pieces_of = [], self._pieces
         for run in runs:
             if not run:
                 continue
             key = run.start >> RUN_KEY_BITS
-            pieces = self._pieces.get(key)
-            if pieces is None:
-                self._pieces[key] = [_Piece(run.start, run.stop, 1)]
+            pieces = pieces_of.get(key)
+            if pieces is None:  # a run not cached yet (a fresh trace hash id)
+                pieces_of[key] = [_Piece(run.start, run.stop, 1)]
                 registered.append(run)
                 continue
             last = pieces[-1]
@@ -254,13 +263,20 @@ class KvBlockManager:
         """Drop a sequence's `num_blocks` blocks, of which `runs` (ranges of keys, in block
         order) are cached: tail first, so that shared prefixes are evicted last."""
         self.num_free_uncached += num_blocks - sum(map(len, runs))
-        lru = self._lru
+        lru, pieces_of = self._lru, self._pieces
         for run in reversed(runs):
-            pieces = self._pieces[run.start >> RUN_KEY_BITS]
-            if len(pieces) == 1 and pieces[0].start == run.start and pieces[0].stop == run.stop:
-                first, stop = 0, 1  # the run is one whole piece (the usual case)
-            else:
-                first, stop = self._isolate(pieces, run.start, run.stop)
+            pieces = pieces_of[run.start >> RUN_KEY_BITS]
+            if len(pieces) == 1:
+                piece = pieces[0]
+                if piece.start == run.start and piece.stop == run.stop:  # the usual case
+                    piece.refs -= 1  # the run is one whole piece, alone in its run
+                    if not piece.refs:  # no piece above it in its run to join: to the tail
+                        self._num_evictable += piece.stop - piece.start
+                        tail = lru.prev
+                        piece.prev, piece.next = tail, lru
+                        tail.next = lru.prev = piece
+                    continue
+            first, stop = self._isolate(pieces, run.start, run.stop)
             for index in range(stop - 1, first - 1, -1):
                 piece = pieces[index]
                 piece.refs -= 1

@@ -9,6 +9,7 @@ the stream (a reply), their blocks become cacheable too.
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -91,7 +92,8 @@ class Sequence:
     first_token_s: float = -1.0
     finish_s: float = -1.0
     replica: int = -1
-    hash_key_table: tuple[int, list[range], list[int]] | None = field(default=None, repr=False)
+    hash_key_table: tuple[int, list[range], list[int] | range] | None = field(
+        default=None, repr=False)
     """(block size, key runs of every hash-id block, each run's first block), built on first use
     when the keys are computed from the ids (no manager table): a prompt's ~27 runs are then
     sliced, not recomputed, by each lookup and registration. Dropped when the sequence ends."""
@@ -151,11 +153,13 @@ class Sequence:
         if table is None or table[0] != block_size:
             if not kv.computes_trace_keys(ns, ids):  # numbered keys: per manager, in use order
                 return _hash_key_runs(ids, per_id, ns, start, stop, block_size, kv)
-            runs = _hash_key_runs(ids, per_id, ns, 0, num_id_blocks, block_size, kv)
-            firsts, first = [], 0
-            for run in runs:
-                firsts.append(first)
-                first += len(run)
+            if per_id % block_size == 0:  # each hash id covers whole blocks (the usual case)
+                per = per_id // block_size
+                runs = kv.trace_key_runs(ns, ids, per)
+                firsts: list[int] | range = range(0, num_id_blocks, per)
+            else:
+                runs = _hash_key_runs(ids, per_id, ns, 0, num_id_blocks, block_size, kv)
+                firsts = list(itertools.accumulate(map(len, runs[:-1]), initial=0))
             table = self.hash_key_table = (block_size, runs, firsts)
         _, runs, firsts = table
         low, high = bisect_right(firsts, start) - 1, bisect_left(firsts, stop)
