@@ -92,10 +92,12 @@ def test_profile_keeps_finished_probes_and_resumes(session, tmp_path):
 
 @pytest.fixture(scope="module")
 def measured(session):
-    """LoRA and LoRA_P offline workloads, three interleaved runs each, as the validation runs
+    """LoRA and LoRA_P offline workloads, five interleaved runs each, as the validation runs
     them (`measure_run`: cold prefix cache, its drift reference probe just before), each
-    metric's median (one run's ratio moved by +-15% between runs here) and the median drift
-    factor under the shipped profile: {kind: (workload, summary, blocks, drift)}."""
+    metric's median and the median drift factor under the shipped profile: {kind: (workload,
+    summary, blocks, drift)}. One run's LoRA_P / LoRA throughput ratio moved by +-15% between
+    runs at load 1 and from 1.38 to 2.05 at load 1.5-2.5 (predicted 1.31); the median of three
+    runs once missed the ratio bound below at -12.9% under the team's load."""
     import numpy as np
 
     from calibrate.validation_run import measure_run, replay_group_profiles, run_drift_factor
@@ -107,7 +109,7 @@ def measured(session):
                                                     rate_per_s=None, seed=3)
                  for kind in ("lora", "lora_p")}
     runs = {kind: [] for kind in workloads}
-    for _ in range(3):
+    for _ in range(5):
         for kind, w in workloads.items():
             runs[kind].append(measure_run(session, w, "cpu"))
     out = {}
