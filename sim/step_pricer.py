@@ -28,8 +28,8 @@ from sim.cost_profile import CostProfile
 from sim.engine import StepPlan
 
 MAX_CACHED_CHUNKS = 1 << 16
-"""Attention seconds of lone prompt chunks kept per pricer (cleared when full: memory stays
-bounded on runs of millions of distinct prompts)."""
+"""Attention seconds of prompt chunks, replays and re-encodes kept per pricer (cleared when
+full: memory stays bounded on runs of millions of distinct prompts)."""
 
 
 def reencode_span(seq) -> tuple[int, int]:
@@ -169,38 +169,39 @@ class StepPricer:
         return self._cached_non_attention_s(plan) + attention + plan.adapter_load_s
 
     def _other_attention_total_s(self, plan: StepPlan) -> float:
-        """`_other_attention_s` summed; a lone prompt chunk (most steps that have one) is
-        looked up by what its attention depends on, computed once per key."""
-        if len(plan.prefills) != 1 or plan.replays or plan.reencodes:
-            return float(self._other_attention_s(plan).sum())
-        seq, num_new = plan.prefills[0]
-        key = (num_new, seq.num_computed_tokens, seq.first_layer, seq.last_layer)
-        cached = self._chunk_attention_s.get(key)
-        if cached is None:
-            if len(self._chunk_attention_s) >= MAX_CACHED_CHUNKS:
-                self._chunk_attention_s.clear()
-            cached = float(self._other_attention_s(plan).sum())
-            self._chunk_attention_s[key] = cached
-        return cached
+        """Attention seconds of every item but the decodes (prompt chunks, replays, re-encodes),
+        each over its own layers, summed. An item's seconds depend only on its (tokens, context,
+        first layer, last layer), `attention_s_per_item` being elementwise, so they are cached
+        by that key; the sum is numpy's over the items in plan order, the sum of pricing them
+        together."""
+        items = self._other_items(plan)
+        cache = self._chunk_attention_s
+        missing = [item for item in items if item not in cache]
+        if missing:
+            if len(cache) + len(missing) > MAX_CACHED_CHUNKS:
+                cache.clear()
+                missing = items
+            new, ctx, first, last = (np.array(column) for column in zip(*missing, strict=True))
+            seconds = attention_s_per_item(self.coeffs, self.profile, new, ctx, first, last)
+            cache.update(zip(missing, seconds.tolist(), strict=True))
+        if len(items) == 1:
+            return cache[items[0]]
+        return float(np.array([cache[item] for item in items]).sum())
 
-    def _other_attention_s(self, plan: StepPlan) -> np.ndarray:
-        """Attention seconds of each prefill chunk, replay and re-encode of `plan` (every item
-        but the decodes), each over its own layers."""
+    def _other_items(self, plan: StepPlan) -> list[tuple[int, int, int, int]]:
+        """(tokens, context, first layer, last layer) of each prefill chunk, replay and
+        re-encode of `plan`, in that order."""
         num_layers, rfl = self.profile.num_layers, self.replay_first_layer
-        new, ctx, first, last = [], [], [], []
-        for seq, num_new in plan.prefills:
-            new.append(num_new), ctx.append(seq.num_computed_tokens)
-            first.append(seq.first_layer)
-            last.append(num_layers if seq.last_layer < 0 else seq.last_layer)
+        items = [(num_new, seq.num_computed_tokens, seq.first_layer,
+                  num_layers if seq.last_layer < 0 else seq.last_layer)
+                 for seq, num_new in plan.prefills]
         for seq in plan.replays:
             num = min(seq.num_replay_tokens, seq.num_replay_context_tokens)
-            new.append(num), ctx.append(seq.num_replay_context_tokens - num)
-            first.append(rfl), last.append(num_layers)
+            items.append((num, seq.num_replay_context_tokens - num, rfl, num_layers))
         for seq in plan.reencodes:
             num, end = reencode_span(seq)
-            new.append(num), ctx.append(end - num), first.append(0), last.append(rfl)
-        return attention_s_per_item(self.coeffs, self.profile, np.array(new), np.array(ctx),
-                                    np.array(first), np.array(last))
+            items.append((num, end - num, 0, rfl))
+        return items
 
     def _plan_key(self, plan: StepPlan) -> tuple:
         """What the non-attention terms of a full-layer, replay-free step depend on: tokens,

@@ -4,7 +4,9 @@ running sequence does: same steps, same blocks, same finishes, same float second
 import numpy as np
 import pytest
 
+from sim import step_pricer
 from sim.config import EngineLimits
+from sim.cost_model import attention_s_per_item
 from sim.decode_group import DecodeGroup
 from sim.engine import Engine
 from sim.replica import _attribute
@@ -120,13 +122,19 @@ def test_group_is_used_and_members_follow_the_counter():
 
 
 @pytest.mark.parametrize("field", ("num_computed_tokens", "first_layer", "last_layer"))
-def test_lone_prompt_chunk_prices_are_cached_by_all_they_depend_on(field):
-    # Two steps, each one prompt chunk of 64 tokens, differing in one field: the second must
-    # not reuse the first's attention (priced step by step for reference).
+@pytest.mark.parametrize("num_chunks", (1, 3, 40))
+@pytest.mark.parametrize("cache_size", (None, 4))
+def test_prompt_chunk_prices_are_cached_by_all_they_depend_on(field, num_chunks, cache_size,
+                                                              monkeypatch):
+    # Steps of prompt chunks of 64 + 7 i tokens, every other chunk differing in one field from the
+    # last step's: those may not reuse another's attention. The fast pricer's sum over cached items
+    # must be the one of pricing them together, bit for bit; the step-by-step pricer agrees.
     from sim.engine import StepPlan
     from sim.simulate import create_profile
     from sim.testing import small_config
 
+    if cache_size:  # a full cache is cleared mid-step
+        monkeypatch.setattr(step_pricer, "MAX_CACHED_CHUNKS", cache_size)
     config = small_config("multi_lora")
     profile = create_profile(config)
     pricers = [StepPricer(config.coeffs, profile, replay_first_layer=0,
@@ -135,9 +143,19 @@ def test_lone_prompt_chunk_prices_are_cached_by_all_they_depend_on(field):
     values = {"num_computed_tokens": (0, 512), "first_layer": (0, 4),
               "last_layer": (-1, profile.num_layers // 2)}[field]
     for value in values:
-        seq = Sequence(seq_id=0, hop="answer", adapter=0, kv_namespace=0, num_prompt_tokens=2048,
-                       num_output_tokens=4, submit_s=0.0)
-        setattr(seq, field, value)
-        plan = StepPlan(prefills=[(seq, 64)])
+        seqs = [Sequence(seq_id=i, hop="answer", adapter=0, kv_namespace=0,
+                         num_prompt_tokens=4096, num_output_tokens=4, submit_s=0.0,
+                         num_computed_tokens=100 * i) for i in range(num_chunks)]
+        for seq in seqs[1::2]:  # the even ones stay as in the last step: cached
+            setattr(seq, field, value + (100 * seq.seq_id if field == "num_computed_tokens"
+                                         else 0))
+        plan = StepPlan(prefills=[(seq, 64 + 7 * seq.seq_id) for seq in seqs])
         fast, reference = (pricer.step_s(plan) for pricer in pricers)
         assert fast == pytest.approx(reference, rel=1e-9)
+        together = float(attention_s_per_item(
+            config.coeffs, profile, 64 + 7 * np.arange(num_chunks),
+            np.array([s.num_computed_tokens for s in seqs]),
+            np.array([s.first_layer for s in seqs]),
+            np.array([profile.num_layers if s.last_layer < 0 else s.last_layer for s in seqs]),
+        ).sum())
+        assert pricers[0]._other_attention_total_s(plan) == together
