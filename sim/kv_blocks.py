@@ -28,8 +28,9 @@ The high bits name the run: a range of keys never spans two (`key >> RUN_KEY_BIT
 
 TRACE_NAMESPACES = 64
 TRACE_NAMES = (1 << 31) // TRACE_NAMESPACES
-"""Trace hash ids below this, in namespaces -1..62, get keys computed from (namespace, id), all
-within a C long (-2**63 and up); any other run is numbered in a table."""
+"""Trace runs (a hash id less its position in the prompt, see `sim.sequence`) below this, in
+namespaces -1..62, get keys computed from (namespace, name), all within a C long (-2**63 and
+up); any other run is numbered in a table."""
 
 _SCRAMBLE = 2654435761
 _OFFSET_MASK = (1 << (RUN_KEY_BITS - 1)) - 1
@@ -72,6 +73,9 @@ class KvBlockManager:
         self._num_evictable = 0
         self._run_bases: dict[tuple[int, bool, int], int] = {}
         """(namespace, is_trace_hash, name) of each numbered run -> its key_base."""
+        self._hash_block_tokens = 0
+        """Tokens per trace hash id of the sequences keyed here (one value: see
+        `check_hash_block_tokens`)."""
 
     def key_base(self, namespace: int, name: int, is_trace_hash: bool = False) -> int:
         """Key of block 0 of the run named (namespace, name), a text stream or a trace hash id:
@@ -92,6 +96,16 @@ class KvBlockManager:
             base = bases[run] = (run_id << RUN_KEY_BITS) + self._offset(run_id)
         return base
 
+    def check_hash_block_tokens(self, hash_block_tokens: int) -> None:
+        """Sequences name a block under trace hash ids by (namespace, id - the id's position in
+        the prompt, block index), one to one with (namespace, id, block index) only while the
+        tokens per hash id are the same for all of them (one workload per pool)."""
+        if self._hash_block_tokens != hash_block_tokens:
+            if self._hash_block_tokens:
+                raise ValueError(f"trace hash blocks of {hash_block_tokens} tokens in a KV pool "
+                                 f"keyed with {self._hash_block_tokens}-token hash blocks")
+            self._hash_block_tokens = hash_block_tokens
+
     @staticmethod
     def computes_trace_keys(namespace: int, names: tuple[int, ...]) -> bool:
         """Whether the keys of these trace hash ids are computed from (namespace, id) alone,
@@ -106,15 +120,6 @@ class KvBlockManager:
             return [((code * _SCRAMBLE) & _OFFSET_MASK) - ((code + 1) << RUN_KEY_BITS)
                     for code in codes]
         return [self.key_base(namespace, name, True) for name in names]
-
-    @staticmethod
-    def trace_key_runs(namespace: int, names: tuple[int, ...], per: int) -> list[range]:
-        """The keys of blocks i*per..(i+1)*per-1 under the i-th trace hash id of `names`, for
-        ids whose keys are computed (`computes_trace_keys`): one comprehension, no call per id."""
-        return [range(key, key + per)
-                for name, j in zip(names, range(0, len(names) * per, per), strict=True)
-                for code in (name * TRACE_NAMESPACES + namespace + 1,)
-                for key in ((code * _SCRAMBLE & _OFFSET_MASK) - (code + 1 << RUN_KEY_BITS) + j,)]
 
     @staticmethod
     def _offset(code: int) -> int:

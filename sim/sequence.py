@@ -151,16 +151,11 @@ class Sequence:
             return []
         table = self.hash_key_table
         if table is None or table[0] != block_size:
-            if not kv.computes_trace_keys(ns, ids):  # numbered keys: per manager, in use order
-                return _hash_key_runs(ids, per_id, ns, start, stop, block_size, kv)
-            if per_id % block_size == 0:  # each hash id covers whole blocks (the usual case)
-                per = per_id // block_size
-                runs = kv.trace_key_runs(ns, ids, per)
-                firsts: list[int] | range = range(0, num_id_blocks, per)
-            else:
-                runs = _hash_key_runs(ids, per_id, ns, 0, num_id_blocks, block_size, kv)
-                firsts = list(itertools.accumulate(map(len, runs[:-1]), initial=0))
-            table = self.hash_key_table = (block_size, runs, firsts)
+            runs, is_computed = _hash_key_runs(ids, per_id, ns, block_size, kv)
+            firsts = list(itertools.accumulate(map(len, runs[:-1]), initial=0))
+            table = (block_size, runs, firsts)
+            if is_computed:  # numbered keys are the manager's, in use order: not kept
+                self.hash_key_table = table
         _, runs, firsts = table
         low, high = bisect_right(firsts, start) - 1, bisect_left(firsts, stop)
         cut = runs[low:high]  # the runs holding blocks start..stop-1, cut at both ends
@@ -169,25 +164,36 @@ class Sequence:
         return cut
 
 
-def _hash_key_runs(ids: tuple[int, ...], per_id: int, ns: int, start: int, stop: int,
-                   block_size: int, kv: KvBlockManager) -> list[range]:
-    """Key runs of blocks start..stop-1 (0 <= start < stop <= the ids' blocks), one per hash id
-    covering them: block j is named (ns, id covering its first token, j)."""
+def _hash_key_runs(ids: tuple[int, ...], per_id: int, ns: int, block_size: int,
+                   kv: KvBlockManager) -> tuple[list[range], bool]:
+    """Key runs of all the ids' blocks, and whether every key was computed from its name.
+
+    Block j is named (ns, id covering its first token, j). The id's position p in the prompt
+    is a function of j (the block size and the hash block size are fixed in one KV pool), so
+    the name is also (ns, id - p, j): keyed under run id - p, consecutive ids at consecutive
+    positions (most of a trace's prompt) share a run and their blocks one range of keys, while
+    keys stay equal exactly where names are."""
+    kv.check_hash_block_tokens(per_id)
     if per_id % block_size == 0:  # each hash id covers whole blocks (the usual case)
         per = per_id // block_size
-        first, last = start // per, -(-stop // per)  # the ids covering start..stop-1
-        bases = kv.trace_key_bases(ns, ids[first:last])
-        runs = [range(base + j, base + j + per)
-                for base, j in zip(bases, range(first * per, last * per, per), strict=True)]
-        runs[0] = range(bases[0] + start, runs[0].stop)  # the first and last ids' blocks cut
-        runs[-1] = range(runs[-1].start, bases[-1] + stop)
-        return runs
-    runs = []
-    j = start
+        pairs = zip(range(1, len(ids)), ids[:-1], ids[1:], strict=True)
+        firsts = [0] + [p for p, before, name in pairs if name != before + 1]  # id - p changes
+        diagonals = [ids[p] - p for p in firsts]
+        bases = kv.trace_key_bases(ns, diagonals)
+        runs = [range(base + first * per, base + last * per)
+                for base, first, last in zip(bases, firsts, [*firsts[1:], len(ids)], strict=True)]
+        return runs, kv.computes_trace_keys(ns, diagonals)
+    runs, diagonals = [], []
+    j, stop = 0, -(-len(ids) * per_id // block_size)
     while j < stop:
         position = j * block_size // per_id
         end = min(stop, -(-(position + 1) * per_id // block_size))  # past its hash id
-        base = kv.key_base(ns, ids[position], True)
-        runs.append(range(base + j, base + end))
+        diagonal = ids[position] - position
+        if diagonals and diagonals[-1] == diagonal:  # the run goes on
+            runs[-1] = range(runs[-1].start, runs[-1].stop + end - j)
+        else:
+            base = kv.key_base(ns, diagonal, True)
+            runs.append(range(base + j, base + end))
+            diagonals.append(diagonal)
         j = end
-    return runs
+    return runs, kv.computes_trace_keys(ns, diagonals)

@@ -1,6 +1,8 @@
 """The KV block manager: prefix hits, registration, and eviction in exact LRU order while it
 holds blocks as ranges of keys, checked by hand and against a one-entry-per-block model."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -234,27 +236,69 @@ def test_range_cache_evicts_exactly_as_one_entry_per_block(seed):
     assert kv.num_evictions > 100 and num_holes > 0  # evictions cut pieces; keys were taken
 
 
-@pytest.mark.parametrize("ids", [(7, 3, 2**40, 11, 5), (7, 3, 12, 11, 5, 7)])
-@pytest.mark.parametrize("per_id", [64, 48, 40, 16, 8])
-def test_trace_block_keys_follow_the_hash_id_covering_each_block(per_id, ids):
-    """Under trace hash ids block j is named by (namespace, the id covering its first token,
-    j): the ranges, whether hash ids cover whole blocks or not, spell exactly that. With only
-    small ids (keys computed from the ids) the sequence slices a table built on first use:
-    every span, in any order and for another block size too, still spells the definition."""
+def _hash_seq(ids, per_id, namespace=2, seq_id=1):
     from sim.sequence import Sequence
 
+    return Sequence(seq_id=seq_id, hop="answer", adapter=0, kv_namespace=namespace,
+                    num_prompt_tokens=400, num_output_tokens=1, submit_s=0.0,
+                    num_stream_prompt_tokens=400, stream_id=9, hash_ids=ids,
+                    hash_block_tokens=per_id)
+
+
+def _names(seq, start, stop, block_size):
+    """The definition: block j is (namespace, the hash id covering its first token, j)."""
+    ids, per_id = seq.hash_ids, seq.hash_block_tokens
+    last = min(400 // block_size, -(-len(ids) * per_id // block_size))
+    return [(seq.kv_namespace, ids[j * block_size // per_id], j)
+            for j in range(start, min(stop, last))]
+
+
+@pytest.mark.parametrize("per_id", [64, 48, 40, 16, 8])
+def test_trace_block_keys_are_one_to_one_with_block_names(per_id):
+    """Keys of trace hash-id blocks are equal exactly where their names (namespace, hash id
+    covering the block, block index) are, across sequences sharing prefixes, ids at other
+    positions, ids below their position and ids past the computed range."""
     kv = KvBlockManager(num_blocks=64, block_size=16, enable_prefix_caching=True)
-    seq = Sequence(seq_id=1, hop="answer", adapter=0, kv_namespace=2, num_prompt_tokens=400,
-                   num_output_tokens=1, submit_s=0.0, num_stream_prompt_tokens=400,
-                   stream_id=9, hash_ids=ids, hash_block_tokens=per_id)
-    spans = [(0, 30), (1, 7), (3, 4), (5, 2), (4, 9), (0, 1), (24, 30), (16, 30)]
-    spans += [(start, stop) for start in range(0, 31, 3) for stop in range(start - 1, 32, 2)]
+    rng = np.random.default_rng(per_id)
+    prompts = [(7, 8, 9, 10, 11), (7, 8, 9, 12, 13), (3, 7, 8, 9), (0, 1, 2, 3, 4, 5, 6, 7),
+               (5, 6, 2**40, 2**40 + 1, 9), (2**40, 2**40 + 1), (2, 3, 4, 5, 0, 1, 2)]
+    prompts += [tuple(int(i) for i in rng.integers(0, 12, rng.integers(1, 9))) for _ in range(40)]
+    key_of: dict[tuple, int] = {}
+    name_of: dict[int, tuple] = {}
+    for number, ids in enumerate(prompts):
+        for namespace in (2, 3):
+            seq = _hash_seq(ids, per_id, namespace, number)
+            keys = [key for run in seq.block_key_runs(0, 30, 16, kv) for key in run]
+            names = _names(seq, 0, 30, 16)
+            assert len(keys) == len(names)
+            for name, key in zip(names, keys, strict=True):
+                assert key_of.setdefault(name, key) == key, name  # one key per name
+                assert name_of.setdefault(key, name) == name, (key, name)  # one name per key
+    with pytest.raises(ValueError, match="hash blocks"):
+        _hash_seq((1, 2), per_id * 2).block_key_runs(0, 4, 16, kv)
+
+
+@pytest.mark.parametrize("ids", [(7, 3, 2**40, 11, 5), (7, 8, 9, 12, 13, 6), (9, 10, 11, 12),
+                                 (0, 1, 0)])
+@pytest.mark.parametrize("per_id", [64, 48, 40, 16, 8])
+def test_trace_block_key_runs_join_consecutive_ids_and_slice_consistently(per_id, ids):
+    """A run of consecutive hash ids at consecutive positions is one range of keys; any span
+    of blocks, in any order (the sequence slices a table built on first use when keys are
+    computed) and for another pool's block size too, is the span of the whole prompt's keys."""
+    seq = _hash_seq(ids, per_id)
     for block_size in (16, 8, 16):
-        last = min(400 // block_size, -(-len(ids) * per_id // block_size))
+        kv = KvBlockManager(num_blocks=64, block_size=block_size, enable_prefix_caching=True)
+        whole = _keys(seq.block_key_runs(0, 60, block_size, kv))
+        names = _names(seq, 0, 60, block_size)
+        assert len(whole) == len(names)
+        runs = seq.block_key_runs(0, 60, block_size, kv)
+        chains = 1 + sum(b[1] - a[1] != b[2] * block_size // per_id - a[2] * block_size // per_id
+                         for a, b in itertools.pairwise(names))
+        assert len(runs) == chains, (runs, names)
+        spans = [(start, stop) for start in range(0, 31, 3) for stop in range(start - 1, 32, 2)]
         for start, stop in spans:
-            expected = [kv.key_base(2, ids[j * block_size // per_id], True) + j
-                        for j in range(start, min(stop, last))]
             runs = seq.block_key_runs(start, stop, block_size, kv)
-            assert [key for run in runs for key in run] == expected, (block_size, start, stop)
+            assert _keys(runs) == whole[start:max(start, min(stop, len(whole)))], (start, stop)
             assert all(runs), (start, stop)  # no empty range
-    assert (seq.hash_key_table is None) == (2**40 in ids)  # numbered keys: no table
+    numbered = any(not 0 <= i - p < 2**25 for p, i in enumerate(ids))  # some id - p
+    assert (seq.hash_key_table is None) == numbered  # numbered keys: no table
