@@ -14,7 +14,6 @@ the batch.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,42 +22,7 @@ from sim.config import EngineLimits
 from sim.decode_group import DecodeGroup
 from sim.kv_blocks import KvBlockManager
 from sim.sequence import Sequence
-
-
-@dataclass(slots=True)
-class StepPlan:
-    """What one engine step computes."""
-
-    prefills: list[tuple[Sequence, int]] = field(default_factory=list)
-    """(sequence, tokens computed) for prompt or recompute chunks."""
-    decodes: list[Sequence] = field(default_factory=list)
-    """Sequences decoding one step."""
-    replays: list[Sequence] = field(default_factory=list)
-    """Sequences whose bounded replay runs in this step."""
-    reencodes: list[Sequence] = field(default_factory=list)
-    """Sequences whose encoder window is re-encoded in this step (before their new tokens)."""
-    num_routing_decisions: int = 0
-    adapter_load_s: float = 0.0
-    num_admitted: int = 0
-    num_preempted: int = 0
-    group: DecodeGroup | None = None
-    num_group_decodes: int = 0
-    """The first `num_group_decodes` decodes are the members of `group`, whose fields lag
-    (`sim.decode_group`): read their contexts from `decode_contexts`."""
-    decode_contexts: np.ndarray | None = None
-    """Context tokens of each decode, when the plan has group decodes."""
-
-    @property
-    def is_empty(self) -> bool:
-        """Nothing to compute."""
-        return not (self.prefills or self.decodes)
-
-    @property
-    def is_pure_decode(self) -> bool:
-        """Only decode tokens and nothing that changes the batch: repeatable until an event."""
-        return bool(self.decodes) and not (
-            self.prefills or self.replays or self.num_routing_decisions or self.adapter_load_s
-            or self.num_admitted or self.num_preempted)
+from sim.step_plan import StepPlan
 
 
 def _ceil_div(a: int, b: int) -> int:

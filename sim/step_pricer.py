@@ -25,7 +25,7 @@ from sim.cost_model import (
     predict_step,
 )
 from sim.cost_profile import CostProfile
-from sim.engine import StepPlan
+from sim.step_plan import StepPlan
 
 MAX_CACHED_CHUNKS = 1 << 16
 """Attention seconds of prompt chunks, replays and re-encodes kept per pricer (cleared when

@@ -129,8 +129,8 @@ def test_prompt_chunk_prices_are_cached_by_all_they_depend_on(field, num_chunks,
     # Steps of prompt chunks of 64 + 7 i tokens, every other chunk differing in one field from the
     # last step's: those may not reuse another's attention. The fast pricer's sum over cached items
     # must be the one of pricing them together, bit for bit; the step-by-step pricer agrees.
-    from sim.engine import StepPlan
     from sim.simulate import create_profile
+    from sim.step_plan import StepPlan
     from sim.testing import small_config
 
     if cache_size:  # a full cache is cleared mid-step

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from sim.cost_model import predict_step
-from sim.engine import StepPlan
 from sim.sequence import Sequence
 from sim.simulate import create_profile
+from sim.step_plan import StepPlan
 from sim.step_pricer import StepPricer
 from sim.testing import small_config
 

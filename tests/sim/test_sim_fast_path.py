@@ -7,9 +7,9 @@ import pytest
 from sim import step_pricer
 from sim.config import ClusterSpec, DisaggregationSpec
 from sim.cost_model import attention_s_per_item, create_step_batch, predict_step
-from sim.engine import StepPlan
 from sim.sequence import Sequence
 from sim.simulate import create_profile, simulate
+from sim.step_plan import StepPlan
 from sim.step_pricer import StepPricer
 from sim.testing import small_config
 from sim.workloads import conversation_workload, punica_workload
