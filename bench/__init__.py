@@ -1,0 +1,1 @@
+"""Benchmarks of molcap: the scripts, their results as data (bench/results/) and the tables."""
