@@ -17,6 +17,8 @@ class ReplayTurn:
     """Tokens to generate."""
     think_s: float = 0.0
     """Wait after the previous turn's reply before this turn arrives."""
+    adapter: int | None = None
+    """Adapter of this turn when it differs from the conversation's (a domain switch)."""
 
 
 @dataclass(frozen=True)
@@ -60,12 +62,13 @@ class ReplayClock:
 
 
 def replay_open_loop(session, conversations: list[ReplayConversation],
-                     clock: str = "cpu") -> list[dict]:
+                     clock: str = "cpu", records: list[dict] | None = None) -> list[dict]:
     """Serve `conversations` on a `VllmSession`, honouring their arrival times on `clock` (open
     loop: a late engine does not delay arrivals); a later turn's prompt is the whole history
     (earlier prompts and the tokens the engine generated) plus its user tokens, so prefix
     caching sees real prefixes.
-    Returns one record per turn: arrival, first token and finish (seconds), tokens."""
+    Returns one record per turn: arrival, first token and finish (seconds), tokens; each is
+    also appended to `records` as it finishes (what an interrupted replay measured)."""
     import heapq
 
     from vllm import SamplingParams
@@ -76,7 +79,7 @@ def replay_open_loop(session, conversations: list[ReplayConversation],
     heapq.heapify(queue)
     history: dict[int, list[int]] = {i: [] for i in range(len(conversations))}
     live: dict[str, dict] = {}
-    records: list[dict] = []
+    records = [] if records is None else records
     timer = ReplayClock(clock)
     while queue or live:
         now = timer.now()
@@ -87,10 +90,12 @@ def replay_open_loop(session, conversations: list[ReplayConversation],
             request_id = f"{conv}-{turn}"
             params = SamplingParams(max_tokens=t.num_output_tokens, temperature=0.0,
                                     ignore_eos=True, detokenize=False)
+            adapter = c.adapter if t.adapter is None else t.adapter
             engine.add_request(request_id, TokensPrompt(prompt_token_ids=prompt), params,
-                               lora_request=session.lora_request(c.kind, c.adapter))
+                               lora_request=session.lora_request(c.kind, adapter))
             live[request_id] = dict(conv=conv, turn=turn, arrival_s=arrival, prompt=prompt,
-                                    num_prompt_tokens=len(prompt), first_token_s=None)
+                                    num_prompt_tokens=len(prompt), first_token_s=None,
+                                    adapter=adapter)
         if not live:
             timer.wait_until(queue[0][0])
             continue

