@@ -1,14 +1,13 @@
 """Keep the C allocator's freed memory in the process between engine steps (CPU engines).
 
-vLLM's CPU LoRA path builds each step's per-token adapter weights as new tensors, megabytes each
-for a prefill chunk. glibc serves those from fresh `mmap`s and returns them to the OS on free
-(its thresholds also move with the process's history), so every step page-faults them in again
-and the same step costs up to about 2x more, by an amount that depends on what ran before:
-a 12 x 400-token LoRA prefill on the 2-vCPU AMD EPYC took 409-596 ms with glibc's defaults and
-239-337 ms with freed memory kept. vLLM's CPU guide asks for tcmalloc (a caching allocator) in
-LD_PRELOAD for the same reason; setting glibc's thresholds in the running process gives the
-profiler and the validation that behaviour without a preload. GPU engines are unaffected (their
-tensors live in the CUDA caching allocator).
+vLLM's CPU LoRA path builds each step's per-token adapter weights as new tensors, megabytes each for
+a prefill chunk. glibc serves those from fresh `mmap`s and returns them to the OS on free (its
+thresholds also move with the process's history), so every step page-faults them in again and the
+same step costs up to about 2x more, by an amount that depends on what ran before (the measurement
+is under "Allocator" in docs/calibration.md). vLLM's CPU guide asks for tcmalloc (a caching
+allocator) in LD_PRELOAD for the same reason; setting glibc's thresholds in the running process
+gives the profiler and the validation that behaviour without a preload. GPU engines are unaffected
+(their tensors live in the CUDA caching allocator).
 """
 
 from __future__ import annotations

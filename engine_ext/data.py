@@ -1,6 +1,6 @@
 """Real text per domain, byte-tokenized, for training and evaluating the small CED model.
 
-Domains and where their text comes from (all on this machine or in the repository's data/text):
+Domains and where their text comes from (all installed with Python and Debian, or in data/text):
 * code: the Python standard library source;
 * legal: license texts under /usr/share/common-licenses;
 * prose: the Python documentation shipped with the interpreter (`pydoc_data.topics`);

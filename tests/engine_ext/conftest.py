@@ -11,8 +11,8 @@ from engine_ext.ced.engine import CEDEngine
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
-    # These models are tiny: a second intra-op thread buys nothing, and on a shared 2-core
-    # machine two OpenMP threads spin waiting for each other (a test ran 70 s instead of 4 s).
+    # These models are tiny: a second intra-op thread buys nothing, and on a machine with few
+    # free cores two OpenMP threads spin waiting for each other (a test runs many times slower).
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

