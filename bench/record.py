@@ -143,13 +143,16 @@ def current_commit() -> str | None:
 
 
 def results_dir() -> Path:
+    """bench/results, or the folder named by MOLCAP_BENCH_RESULTS_DIR."""
     return Path(os.environ.get(RESULTS_DIR_ENV) or RESULTS_DIR)
 
 
 def append_rows(benchmark: str, values: list[dict[str, Value]], *, title: str, about: str,
-                columns: list[tuple[str, str]], source: str) -> Path:
+                columns: list[tuple[str, str]], source: str,
+                load_average: float | str | None = None) -> Path:
     """Append measured rows to bench/results/<benchmark>.json (created on first use), stamped with
-    this machine, the current 1-minute load average, the time and the commit."""
+    this machine, the load average during the runs (`load_average`, e.g. "0.4-1.2"; by default
+    the 1-minute load average now), the time and the commit."""
     path = results_dir() / f"{benchmark}.json"
     if path.exists():
         current = load_results(path)
@@ -159,7 +162,9 @@ def append_rows(benchmark: str, values: list[dict[str, Value]], *, title: str, a
     else:
         current = BenchmarkResults(benchmark=benchmark, title=title, about=about,
                                    columns=[Column(key=k, label=label) for k, label in columns])
-    stamp = dict(machine=machine_description(), load_average=round(os.getloadavg()[0], 2),
+    if load_average is None:
+        load_average = round(os.getloadavg()[0], 2)
+    stamp = dict(machine=machine_description(), load_average=load_average,
                  date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                  commit=current_commit(), source=source)
     rows = [*current.rows, *(ResultRow(**stamp, values=v) for v in values)]

@@ -74,6 +74,8 @@ def test_append_rows_stamps_machine_load_date_and_keeps_earlier_rows(tmp_path, m
     assert [c.key for c in results.columns] == ["workload", "speed", "extra"]
     for row in results.rows:
         assert row.machine and row.date and isinstance(row.load_average, float)
+    record.append_rows("bench_x", [dict(workload="c")], **kwargs, load_average="0.4-1.2")
+    assert record.load_results(path).rows[-1].load_average == "0.4-1.2"
     assert "| b | 2 | 3 |" in tables.render(results)
 
 
