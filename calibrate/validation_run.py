@@ -213,9 +213,25 @@ def run_validation(profile_, out: Path, *, num_repeats: int, num_requests: int, 
         step_checks=step_checks)
     out.mkdir(parents=True, exist_ok=True)
     (out / "validation.json").write_text(json.dumps(report, indent=2))
+    (out / f"{profile_.name}.validation.json").write_text(
+        json.dumps(profile_validation(report), indent=2))
     md = out / "validation.md"
     md.write_text(v.markdown_table(report))
     return md
+
+
+PROFILE_VALIDATION_FIELDS = ("workload", "metric", "measured_median", "run_spread", "num_runs",
+                             "predicted", "error", "error_drift_scaled")
+
+
+def profile_validation(report: dict) -> dict:
+    """The part of a validation report the planner's intervals read
+    (`planner.intervals`): what was validated where, and each row's error. Kept beside the
+    profile as `<name>.validation.json` (copy it there from OUT)."""
+    keep = ("profile", "created_utc", "clock", "num_repeats", "num_requests", "machine",
+            "validation_engine", "command", "load_average_1min_during_runs", "goals")
+    return {**{k: report[k] for k in keep if k in report},
+            "rows": [{k: r.get(k) for k in PROFILE_VALIDATION_FIELDS} for r in report["rows"]]}
 
 
 def _ced_switch(out: Path, num_repeats: int, on_progress) -> list[dict]:

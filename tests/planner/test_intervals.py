@@ -1,0 +1,80 @@
+"""Intervals on predicted numbers: the seeds' spread scaled by the measured held-out error of
+the profile that priced them; "no measured error" when the profile has none."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.intervals import (
+    ProfileErrors,
+    format_interval,
+    load_profile_errors,
+    metric_interval,
+    profile_errors,
+    slo_values,
+    trial_intervals,
+)
+
+
+def _report(rows):
+    return {"profile": "p", "rows": [dict(workload=w, metric=m, error=e) for w, m, e in rows]}
+
+
+def test_known_validation_errors_give_the_expected_band(tmp_path):
+    # Two workloads: the profile predicted p99 TTFT 50% low (the engine took 2x) and exactly.
+    # measured / predicted is then 2.0 and 1.0; at confidence 0.5 the band is the 25th-75th
+    # percentile of those two ratios: 1.25x-1.75x.
+    report = _report([("a 1/s", "ttft_p99_s", -0.5), ("b 1/s", "ttft_p99_s", 0.0)])
+    profile = tmp_path / "p.yaml"
+    profile.write_text("name: p\n")
+    (tmp_path / "p.validation.json").write_text(json.dumps(report))
+    errors = load_profile_errors(profile)
+    interval = metric_interval("ttft_p99_s", 0.1, 0.09, 0.12, errors, confidence=0.5)
+    assert interval.low == pytest.approx(0.09 * 1.25)
+    assert interval.high == pytest.approx(0.12 * 1.75)
+    assert interval.has_measured_error
+    assert format_interval("ttft_p99_s", interval) == "0.1 s (0.11-0.21)"
+    full = metric_interval("ttft_p99_s", 0.1, 0.1, 0.1, errors, confidence=1.0)
+    assert (full.low, full.high) == pytest.approx((0.1, 0.2))
+
+
+def test_throughput_errors_come_from_offline_workloads_only():
+    errors = profile_errors(_report([("x offline", "throughput_tokens_per_s", 0.25),
+                                     ("y 12/s", "throughput_tokens_per_s", -0.9)]))
+    assert errors.errors == {"throughput_tokens_per_s": (0.25,)}
+    # Predicted 25% high: the engine delivers 0.8x; output tokens/s shares the error.
+    interval = metric_interval("output_tokens_per_s", 1000.0, 1000.0, 1000.0, errors)
+    assert (interval.low, interval.high) == pytest.approx((800.0, 800.0))
+
+
+def test_a_profile_without_validation_says_no_measured_error(tmp_path):
+    profile = tmp_path / "q.yaml"
+    profile.write_text("name: q\n")
+    assert load_profile_errors(profile) is None and load_profile_errors(None) is None
+    interval = metric_interval("e2e_p99_s", 2.0, 1.9, 2.2, None)
+    assert (interval.low, interval.high, interval.has_measured_error) == (1.9, 2.2, False)
+    assert format_interval("e2e_p99_s", interval) == "2 s (seeds 1.9-2.2; no measured error)"
+
+
+def test_slo_values_at_a_confidence_never_go_below_the_point_estimate():
+    # A profile that over-predicts latency (engine 0.5x) must not make the SLO check laxer.
+    errors = ProfileErrors("p", {"ttft_p99_s": (1.0,), "e2e_p99_s": (-0.5,)})
+    mean, low, high = ({"ttft_p99_s": 1.0, "e2e_p99_s": 1.0, "output_tokens_per_s": 10.0},
+                       {"ttft_p99_s": 0.9, "e2e_p99_s": 0.9, "output_tokens_per_s": 9.0},
+                       {"ttft_p99_s": 1.1, "e2e_p99_s": 1.1, "output_tokens_per_s": 11.0})
+    checked = slo_values(mean, low, high, errors, 0.9)
+    assert checked["ttft_p99_s"] == 1.0  # 1.1 x 0.5 = 0.55 is below the mean: the mean stays
+    assert checked["e2e_p99_s"] == pytest.approx(2.2)  # 1.1 x 2
+    assert checked["output_tokens_per_s"] == 10.0  # not a latency: unchanged
+    assert slo_values(mean, low, high, errors, None) == mean
+    assert set(trial_intervals(mean, low, high, errors)) == set(mean)
+
+
+def test_the_shipped_cpu_profile_has_its_measured_errors_beside_it():
+    from planner.profiles import PROFILES_DIR
+
+    errors = load_profile_errors(PROFILES_DIR / "cpu-vllm-tiny-llama.yaml")
+    assert errors is not None and errors.profile == "cpu-vllm-tiny-llama"
+    assert len(errors.errors["ttft_p99_s"]) >= 10
