@@ -1,6 +1,8 @@
 """Cut the small trace slices shipped in data/traces from the full upstream files.
 
-    python data/cut_slices.py /path/to/full/data   # a folder holding traces/<dataset>/...
+    python data/cut_slices.py /path/to/full/data   # holding traces/, gpu/ and perf/
+
+The GPU measurement slices (data/gpu) are cut by `data/cut_gpu_slices.py`, called from here.
 
 Rows are copied byte for byte (the first N data rows, the header kept); ServeGen's per-client
 rate series are reduced to one mean rate per client, computed exactly as
@@ -13,6 +15,8 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+
+import cut_gpu_slices  # beside this script (data/ is on sys.path when it runs)
 
 HERE = Path(__file__).resolve().parent
 SLICES = {
@@ -52,6 +56,7 @@ def main(full: Path) -> None:
     servegen = full / "traces" / "servegen_m_small"
     cut_servegen(servegen, HERE / "traces" / "servegen_m_small" / "client_rates.csv")
     shutil.copyfile(servegen / "LICENSE", HERE / "traces" / "servegen_m_small" / "LICENSE")
+    cut_gpu_slices.main(full)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,73 @@
+"""Cut the GPU measurement slices shipped in data/gpu from the full datasets (the team's
+`shared/data/gpu/<dataset>` and `shared/data/perf`). Called by `data/cut_slices.py FULL_DATA`;
+rerunning reproduces the shipped bytes (gzip written with mtime 0).
+
+Files are copied byte for byte unless a rule below cuts rows (kept rows are byte-identical,
+header on top) or gzips a file (`.gz` added to its name).
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ESTIMATORS = "raw/digital_twin_dynamic/estimators"
+AGULLO_MODEL = "llama-3.1-8b-instruct"
+AGULLO_SWEEPS = ("predictor_default_latency", "predictor_latency_overhead", "predictor_loading")
+TEST_DATASET = "raw/benchmarks/lora/definitive_results/ml_modelling/test_dataset"
+TEST_RUNS = 12  # run folders per model: the first in name order of its first rate folder
+TRACE_RUNS = f"est/predictor_latency_overhead/{AGULLO_MODEL}/"
+TRACE_STEPS_PER_RUN = 1000
+
+
+def write_gzip(target: Path, data: bytes) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+
+
+def copy(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
+
+
+def cut_agullo(full: Path, out: Path) -> None:
+    """runs_summary.csv whole (gzipped); the step trace's first 1,000 steps of each Llama-3.1-8B
+    latency-overhead run; the raw folders (launcher.sh, client log) of the first 12 runs of the
+    first rate folder of each model of ml_modelling/test_dataset; the Llama-3.1-8B folders of
+    the three predictor sweeps without the client logs of runs whose result JSON is kept (logs
+    of runs without one are kept)."""
+    copy(full / "LICENSE", out / "LICENSE")
+    write_gzip(out / "derived/runs_summary.csv.gz",
+               (full / "derived/runs_summary.csv").read_bytes())
+    kept, counts = [], {}
+    with gzip.open(full / "derived/per_step_scheduler_trace.csv.gz", "rb") as f:
+        kept.append(f.readline())
+        for line in f:
+            run_id = line.split(b",", 1)[0].decode()
+            if run_id.startswith(TRACE_RUNS) and counts.get(run_id, 0) < TRACE_STEPS_PER_RUN:
+                counts[run_id] = counts.get(run_id, 0) + 1
+                kept.append(line)
+    write_gzip(out / "derived/per_step_scheduler_trace.csv.gz", b"".join(kept))
+    for sweep in AGULLO_SWEEPS:
+        base = full / ESTIMATORS / sweep
+        for path in sorted(base.glob(f"{AGULLO_MODEL}_*.json")):
+            copy(path, out / ESTIMATORS / sweep / path.name)
+        for path in sorted((base / AGULLO_MODEL).rglob("*")):
+            if path.is_dir():
+                continue
+            has_json = any(path.parent.glob("openai-*.json"))
+            if path.name.startswith("log_") and has_json:
+                continue
+            copy(path, out / path.relative_to(full))
+    for model in sorted(p for p in (full / TEST_DATASET).iterdir() if p.is_dir()):
+        rates = sorted(p for p in model.iterdir() if p.is_dir())[0]
+        for run in sorted(p for p in rates.iterdir() if p.is_dir())[:TEST_RUNS]:
+            for path in sorted(run.iterdir()):
+                copy(path, out / path.relative_to(full))
+
+
+def main(full: Path) -> None:
+    """Every GPU slice from the data root `full` (holding gpu/<dataset> and perf/)."""
+    cut_agullo(full / "gpu" / "agullo-dt", HERE / "gpu" / "agullo-dt")
