@@ -34,6 +34,7 @@ from calibrate.runner import (
     engine_name,
     profile_vllm,
 )
+from calibrate.verify_samples import verify_samples
 
 VLLM_GROUPS = ("base", "lora", "lora_p", "direft_p", "lora_r16", "lora_r32")
 
@@ -106,8 +107,12 @@ def _meta(root: Path, name: str) -> dict:
     return json.loads(path.read_text())
 
 
-def fit(root: Path, *, name: str, out_dir: Path, engine: str = "vllm"):
-    """Fit the samples under `root` (vLLM or CED) into OUT_DIR/NAME.yaml; (path, profile)."""
+def fit(root: Path, *, name: str, out_dir: Path, engine: str = "vllm",
+        add_verify: tuple[Path, ...] = ()):
+    """Fit the samples under `root` (vLLM or CED) into OUT_DIR/NAME.yaml, with the timed steps
+    of the verify runs `add_verify` (`molcap verify --out RUN`) joining them; (path, profile)."""
+    if add_verify and engine == "ced":
+        raise ValueError("--add-verify: verify runs are vLLM steps; fit them with --engine vllm")
     if engine == "ced":
         from calibrate.ced_runner import fit_ced
 
@@ -125,6 +130,9 @@ def fit(root: Path, *, name: str, out_dir: Path, engine: str = "vllm"):
     profiles = group_profiles(get_model("vllm-tiny-llama"), gpu,
                               adapter_rank=settings["max_lora_rank"],
                               adapter_placements=[(i, m) for i in range(4) for m in TARGETS])
+    for run in add_verify:
+        extra, extra_profiles = verify_samples(Path(run), gpu.name)
+        samples, profiles = samples + extra, {**profiles, **extra_profiles}
     train, test = split_held_out(samples)
     load_coeffs, load_summary = fit_adapter_loads(load_adapter_loads(root / "samples"), gpu)
     # From the plain defaults, not the shipped profile: the solver scales each term by its

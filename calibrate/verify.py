@@ -173,10 +173,13 @@ def measure_strategy(scenario: Scenario, planned: PlannedDeployment, options: Ve
     session = VerifySession(args, adapters, host)
     try:
         session.warm_up()
-        records = replay_open_loop(session, conversations, clock=options.clock, records=partial)
+        with session.timed_steps() as timings:
+            records = replay_open_loop(session, conversations, clock=options.clock,
+                                       records=partial)
         blocks = session.num_kv_blocks
     finally:
         session.close()
+    steps = session.step_samples(timings, f"verify:{planned.strategy}", device)
     measured = summarize(records)
     predicted = predict_replay(point, index, workload, blocks)
     return dict(strategy=planned.strategy, index=index, source=planned.source,
@@ -185,7 +188,8 @@ def measure_strategy(scenario: Scenario, planned: PlannedDeployment, options: Ve
                                                     allocator=session.host_allocator),
                 num_kv_blocks=blocks, clock=options.clock, device=device,
                 num_requests=len(records), measured=measured, predicted=predicted,
-                records=records)
+                records=records, scenario=point.model_dump(mode="json"),
+                steps=[x.to_json() for x in steps])
 
 
 def resolve_device(scenario: Scenario, device: str | None) -> str:
@@ -270,7 +274,7 @@ def strategy_summary(record: dict, planned: PlannedDeployment, slo) -> dict:
     """The stored measurement as the report's per-strategy entry (records dropped)."""
     rows = compare_rows(record["predicted"], record["measured"], planned.plan_metrics, slo)
     checks = slo_checks(slo, record["records"], record["measured"])
-    keep = {k: v for k, v in record.items() if k != "records"}
+    keep = {k: v for k, v in record.items() if k not in ("records", "steps", "scenario")}
     return dict(keep, rows=rows, slo_checks=checks, is_promised=planned.is_feasible)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -177,6 +178,35 @@ class VerifySession:
         self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
         if self.args.enable_prefix_caching:
             self.llm.reset_prefix_cache()
+
+    @contextmanager
+    def timed_steps(self):
+        """Time every engine step inside the block (`engine_ext.vllm_plugin.step_timer`);
+        yields the list the timings land in when the block ends."""
+        from engine_ext.vllm_plugin import step_timer
+
+        step_timer.install()
+        step_timer.drain()
+        step_timer.drain_loads()
+        timings: list = []
+        step_timer.enable(True)
+        try:
+            yield timings
+        finally:
+            step_timer.enable(False)
+            timings += step_timer.drain()
+
+    def step_samples(self, timings, group: str, device: str) -> list:
+        """The timed steps as calibration samples (`calibrate.recorder.StepSample`): the engine
+        thread's CPU seconds on CPU, as the CPU profile is measured, wall seconds on a GPU."""
+        from calibrate.recorder import samples_from_vllm_steps
+
+        kind = self.adapters.kind
+        prefill_only = ({ADAPTER_KINDS[kind] + i + 1 for i in range(len(self.adapters.paths))}
+                        if kind in ("lora_p", "direft_p") else set())
+        return samples_from_vllm_steps(timings, group=group, prefill_only_ids=prefill_only,
+                                       tags={"verify": group},
+                                       clock="cpu" if device == "cpu" else "wall")
 
     def lora_request(self, kind: str, index: int):
         """The LoRARequest of adapter `index` (None under base)."""

@@ -141,8 +141,33 @@ def test_slo_checks_and_rows_on_hand_computed_requests():
     assert ttft == dict(metric="ttft_p50_s", limit=0.2, measured=0.2, attainment=0.5,
                         needed=0.5, passed=True)
     assert tpot["attainment"] == 0.0 and not tpot["passed"]
-    rows = {r["metric"]: r for r in compare_rows({"ttft_p50_s": 0.2, "tpot_p99_s": 0.08}, measured, {}, slo)}
+    predicted = {"ttft_p50_s": 0.2, "tpot_p99_s": 0.08}
+    rows = {r["metric"]: r for r in compare_rows(predicted, measured, {}, slo)}
     assert rows["ttft_p50_s"]["error"] == pytest.approx(0.0)
     assert rows["tpot_p99_s"]["error"] == pytest.approx(-0.2)
     assert rows["ttft_p50_s"]["passed"] is True and rows["tpot_p99_s"]["passed"] is False
     assert rows["e2e_p99_s"]["slo"] is None and rows["e2e_p99_s"]["passed"] is None
+
+
+def test_a_verify_run_joins_the_calibration_samples(verified):
+    from calibrate.fitter import DEFAULT_TERMS, fit, predict_samples
+    from calibrate.verify_samples import verify_samples
+    from planner.profiles import PROFILES_DIR, load_profile
+
+    root, result = verified
+    samples, profiles = verify_samples(root / "verify", "cpu")
+    assert set(profiles) == {"verify:multi_lora"}
+    # Every timed step of the replay: the tokens computed are the prompts, then each output
+    # token but the last fed back (random prompts: no prefix hit; warm-up's cache was reset).
+    [point] = (root / "verify" / "points").glob("verify-*.json")
+    turns = json.loads(point.read_text())["result"]["records"]
+    assert len(turns) == result.strategies[0]["num_requests"]
+    assert sum(sum(s.num_new_tokens) for s in samples) == sum(
+        t["num_prompt_tokens"] + t["num_output_tokens"] - 1 for t in turns)
+    assert all(s.measured_s > 0 for s in samples)
+    shipped = load_profile(PROFILES_DIR / "cpu-vllm-tiny-llama.yaml").coefficients
+    assert (predict_samples(shipped, samples, profiles) > 0).all()
+    fitted = fit(samples, DEFAULT_TERMS, profiles, start=shipped)
+    assert any(r["group"] == "verify:multi_lora" for r in fitted.errors)
+    with pytest.raises(ValueError, match=r"ran on GPU kind 'cpu'.*of 'H100-SXM'"):
+        verify_samples(root / "verify", "H100-SXM")
