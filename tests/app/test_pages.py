@@ -2,15 +2,37 @@
 
 from __future__ import annotations
 
+import base64
+import json
+
+import numpy as np
 import pytest
 
 from tests.app.conftest import no_exceptions, open_app, texts
 
 CHART_PAGES = {
-    "pages/2_latency.py": 5,
-    "pages/3_memory.py": 7,
-    "pages/4_switching.py": 5,
+    "pages/2_latency.py": [
+        "Throughput and goodput (turns within the SLOs)",
+        "Simulated latency on the scenario's hardware",
+        "Distribution of time to first token",
+        "Where a turn's time goes (mean per turn)",
+        "Time to first token after routing"],
+    "pages/3_memory.py": [
+        "KV blocks in use (blocks) over time",
+        "Preemptions so far (count) over time",
+        "KV blocks held by running sequences, per copy",
+        "Adapters holding KV on the GPU over time",
+        "Adapters in the GPU slots over time (one replica)",
+        "Adapters in GPU slots (count) over time",
+        "Adapter loads so far (count) over time"],
+    "pages/4_switching.py": [
+        "Cost of one domain switch (handoff vs bounded replay vs re-prefill)",
+        "Routing overhead vs reply length (one decision per turn)",
+        "Routing and switching overhead vs decision frequency",
+        "KV memory per conversation",
+        "Decode step time vs adapter mix (multi-LoRA vs PreFT)"],
 }
+"""The charts each page draws, by title, in order."""
 
 
 def _summary(at):
@@ -46,11 +68,66 @@ def test_narrowing_the_strategies(in_workdir):
     assert list(_summary(at).index) == ["multi_lora", "mol"]
 
 
-@pytest.mark.parametrize("page,num_charts", CHART_PAGES.items())
-def test_chart_pages_draw_their_charts(in_workdir, page, num_charts):
+def _array(value) -> np.ndarray:
+    """A trace's x/y/z as Plotly's JSON holds it: a list, or base64 bytes with a dtype."""
+    if isinstance(value, dict) and "bdata" in value:
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+    return np.asarray(value)
+
+
+def _charts(at) -> list[dict]:
+    return [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+
+
+def _traces(chart: dict) -> dict[str, dict[str, np.ndarray]]:
+    return {t.get("name"): {axis: _array(t[axis]) for axis in ("x", "y", "z") if axis in t}
+            for t in chart["data"]}
+
+
+@pytest.mark.parametrize("page,titles", CHART_PAGES.items())
+def test_chart_pages_draw_their_charts_from_data(in_workdir, page, titles):
     at = open_app(page)
     no_exceptions(at)
-    assert len(at.get("plotly_chart")) >= num_charts
+    charts = _charts(at)
+    assert [c["layout"]["title"]["text"] for c in charts] == titles
+    for chart in charts:
+        assert chart["data"], chart["layout"]["title"]
+        for trace in chart["data"]:
+            data = [_array(trace[axis]) for axis in ("y", "z") if axis in trace]
+            assert data and all(d.size > 0 for d in data), (chart["layout"]["title"], trace)
+
+
+def test_latency_bars_are_the_summary_numbers(in_workdir):
+    at = open_app("pages/2_latency.py")
+    summary = at.dataframe[0].value
+    bars = _traces(_charts(at)[0])
+    for name, column in (("output tokens/s", "output_tokens_per_s"),
+                         ("goodput turns/s (right axis)", "goodput_turns_per_s")):
+        assert list(bars[name]["x"]) == list(summary["strategy"])
+        np.testing.assert_allclose(bars[name]["y"], summary[column].to_numpy(), rtol=1e-12)
+
+
+def test_kv_in_use_stays_within_each_strategys_pool(in_workdir):
+    # The memory page's KV-in-use lines (one per strategy and replica) against the pool sizes
+    # in its own memory table: a chart fed the wrong column or scaled wrongly would cross them.
+    at = open_app("pages/3_memory.py")
+    pools = at.dataframe[0].value.set_index("strategy")["num_kv_blocks"]
+    lines = _traces(_charts(at)[0])
+    assert {name.split(" / ")[0] for name in lines} == set(pools.index)
+    for name, line in lines.items():
+        assert 0 <= line["y"].min() and line["y"].max() <= pools[name.split(" / ")[0]], name
+    assert max(line["y"].max() for line in lines.values()) > 0
+
+
+def test_switch_cost_lines_are_the_switch_table(in_workdir):
+    at = open_app("pages/4_switching.py")
+    table = at.dataframe[0].value
+    lines = _traces(_charts(at)[0])
+    assert lines
+    for name, line in lines.items():
+        rows = table[table["strategy"] == name]
+        np.testing.assert_array_equal(line["x"], rows["context_tokens"].to_numpy())
+        np.testing.assert_allclose(line["y"], rows["switch_s"].to_numpy(), rtol=1e-12)
 
 
 def test_a_knob_value_the_scenario_rejects_shows_the_located_error_inline(in_workdir):

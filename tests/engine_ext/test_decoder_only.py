@@ -46,17 +46,26 @@ def test_lora_in_runner_equals_merged_hf_model():
 
 
 @torch.no_grad()
-def test_handoff_equals_fresh_prefill_under_target():
+def test_handoff_equals_the_target_merged_into_the_model_and_its_cache_continues():
+    # Reference: the HF model with the target adapter merged into its weights, run over the
+    # whole sequence at once: no engine code, no cache.
     hf = tiny_llama()
     engine = DecoderOnlyEngine(hf)
     gen = torch.Generator().manual_seed(3)
     engine.add_adapter("src", random_lora(hf, ALL, gen))
-    engine.add_adapter("dst", random_lora(hf, UPPER, gen))
-    ids = _ids(18)
+    dst = engine.add_adapter("dst", random_lora(hf, UPPER, gen))
+    ids, nxt = _ids(18), _ids(1, seed=9)
+    merged = copy.deepcopy(hf)
+    merge_slot(merged, dst)
+    reference = merged(torch.cat([ids, nxt], dim=1)).logits  # [1, 19, V]
     cache = engine.new_cache()
-    engine.forward(cache, ids, "src")
-    _, logits = engine.handoff(cache, "dst")
-    torch.testing.assert_close(logits, engine.forward(engine.new_cache(), ids, "dst"))
+    under_source = engine.forward(cache, ids, "src")
+    cache, logits = engine.handoff(cache, "dst")
+    torch.testing.assert_close(logits, reference[:, :18], atol=1e-5, rtol=1e-5)
+    assert (logits - under_source).abs().max() > 1e-3  # the source's history was not kept
+    # The returned cache holds the target's KV: decoding on from it equals the reference.
+    torch.testing.assert_close(engine.forward(cache, nxt, "dst"), reference[:, 18:],
+                               atol=1e-5, rtol=1e-5)
 
 
 @torch.no_grad()

@@ -48,10 +48,18 @@ def molcap(*args: str, cwd: Path, timeout: float = 300, path_first: Path | None 
 
 
 def slow_point(payload: dict) -> dict:
-    """A point that records its worker's pid, then takes `seconds` (for process tests)."""
+    """A point that records its worker's pid, then takes `seconds`; with `until_released`, it
+    holds until the file `release` appears in its folder instead (for process tests: a point
+    that cannot end on its own, so a wait on it is a condition, not a race against a clock).
+    `seconds` then only bounds a leak if a test forgets to stop its workers."""
     import time
 
     folder = Path(payload["folder"])
     (folder / f"worker-{os.getpid()}.pid").write_text(str(os.getpid()), encoding="utf-8")
-    time.sleep(payload["seconds"])
+    end = time.monotonic() + payload["seconds"]
+    if payload.get("until_released"):
+        while not (folder / "release").exists() and time.monotonic() < end:
+            time.sleep(0.05)
+    else:
+        time.sleep(payload["seconds"])
     return {"slept": payload["seconds"]}

@@ -67,8 +67,17 @@ def test_switch_cost_matches_the_simulated_switch(case):
     analytical = switch_cost(s)["switch_s"].iloc[0]
     same = simulate_strategy(s, 0, workload=one_conversation([0, 0])).turns.iloc[1]
     switched = simulate_strategy(s, 0, workload=one_conversation([0, 1])).turns.iloc[1]
-    simulated = (switched.ttft_s - switched.route_s) - (same.ttft_s - same.route_s)
-    assert simulated == pytest.approx(analytical, rel=0.15)
+    # The analytical switch leaves out loading the target adapter (its own table).
+    simulated = ((switched.ttft_s - switched.route_s - switched.adapter_load_s)
+                 - (same.ttft_s - same.route_s - same.adapter_load_s))
+    assert simulated == pytest.approx(analytical, rel=SWITCH_TOLERANCE[case])
+
+
+SWITCH_TOLERANCE = {"multi_lora": 0.005, "mol2_ced": 0.03}
+"""Relative gap allowed between the simulated and the analytical switch. A re-prefill is priced
+the same way by both (seen: 0.06%). A bounded replay is priced by the analysis as the replay
+added to the turn's step; the simulation also splits the CED window's re-encode across that
+step's chunks, so the two differ by the step's shared overhead (seen: 2.7%)."""
 
 
 @pytest.mark.parametrize("window", ("recompute", "kept"))

@@ -92,9 +92,14 @@ CASES = {  # name: (wait for, seconds after it, then, exit code, the one line st
 }
 
 
+PATIENCE = 600.0
+"""Seconds a wait below gives its condition: each ends as soon as its condition holds, so this
+only has to exceed what six runs starting at once need on the slowest loaded machine."""
+
+
 def test_ctrl_c_in_every_phase_or_a_dead_worker_ends_with_one_line(tmp_path):
     runs = {name: _start(tmp_path, name.replace(" ", "_").replace(",", "")) for name in CASES}
-    pending, deadline, workers = dict(runs), time.monotonic() + 240, {}
+    pending, deadline, workers = dict(runs), time.monotonic() + PATIENCE, {}
     seen: dict[str, float] = {}
     while pending and time.monotonic() < deadline:
         for name, process in list(pending.items()):
@@ -108,8 +113,8 @@ def test_ctrl_c_in_every_phase_or_a_dead_worker_ends_with_one_line(tmp_path):
         time.sleep(0.05)
     ended = {}
     for name, process in runs.items():
-        _, err = process.communicate(timeout=120)
-        end = time.monotonic() + 30
+        _, err = process.communicate(timeout=PATIENCE)
+        end = time.monotonic() + PATIENCE
         while any(map(_alive, workers.get(name, []))) and time.monotonic() < end:
             time.sleep(0.1)
         alive = [pid for pid in workers.get(name, []) if _alive(pid)]

@@ -11,15 +11,19 @@ from pathlib import Path
 
 from planner.points import PointStore, PointTask, run_points
 
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     from planner.points import PointStore, PointTask, run_points
 
     LOG = Path(sys.argv[1]) / "computed.log"
+    RELEASE = Path(sys.argv[1]) / "release"
 
     def slow_square(payload):
         time.sleep(0.3)
+        while payload["x"] >= 8 and not RELEASE.exists():  # held: the kill lands mid-run
+            time.sleep(0.05)
         with open(LOG, "a") as log:  # one line per computation, to count recomputations
             log.write(f"{payload['x']}\\n")
         if payload["x"] == 7:
@@ -37,7 +41,8 @@ SCRIPT = textwrap.dedent("""
 def _run(tmp_path: Path) -> subprocess.Popen:
     script = tmp_path / "sweep_script.py"
     script.write_text(SCRIPT)
-    return subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=tmp_path,
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's planner, not an installed one
+    return subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 
@@ -45,8 +50,11 @@ def _run(tmp_path: Path) -> subprocess.Popen:
 def test_killed_run_resumes_without_recomputing(tmp_path):
     store = tmp_path / "points"
     first = _run(tmp_path)
-    deadline = time.time() + 60
-    while len(list(store.glob("x*.json"))) < 4 and time.time() < deadline:
+    # Points 8 and up are held until `release` exists, so however loaded the machine, the run
+    # cannot finish before the kill; the deadline only ends a broken run's wait.
+    deadline = time.time() + 600
+    while (len(list(store.glob("x*.json"))) < 4 and first.poll() is None
+           and time.time() < deadline):
         time.sleep(0.05)
     os.killpg(first.pid, signal.SIGKILL)  # no chance to clean up: the hardest interruption
     first.wait()
@@ -55,8 +63,9 @@ def test_killed_run_resumes_without_recomputing(tmp_path):
     assert 4 <= len(finished_before) < 16, "the kill must land mid-run"
     computed_before = (tmp_path / "computed.log").read_text().split()
 
+    (tmp_path / "release").touch()
     second = _run(tmp_path)
-    out, err = second.communicate(timeout=120)
+    out, err = second.communicate(timeout=600)
     assert second.returncode == 0, err
     computed_after = (tmp_path / "computed.log").read_text().split()[len(computed_before):]
     recomputed = {f"x{int(x):02d}" for x in computed_after} & finished_before

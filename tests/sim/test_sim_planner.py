@@ -7,6 +7,7 @@ import pytest
 from planner.loading import load_scenario
 from planner.simulation import simulate_strategy, strategy_spec
 from planner.workloads import ConversationWorkload, PunicaWorkload
+from sim.metrics import summarize
 from sim.workloads import punica_workload
 
 SCENARIO = load_scenario("scenarios/default.yaml")
@@ -20,7 +21,28 @@ def test_every_default_strategy_simulates(index):
     result = simulate_strategy(SMALL, index)
     assert len(result.turns) == 9
     assert result.summary["num_turns"] == 9 and result.summary["ttft_p50_s"] > 0
-    assert 0 <= result.summary["slo_attainment"] <= 1
+    # Attainment is the share of turns within every latency limit of the scenario's SLO.
+    slo = SMALL.slo
+    within = np.ones(len(result.turns), dtype=bool)
+    for column, limit in (("ttft_s", slo.ttft_p99_s or slo.ttft_p50_s),
+                          ("tpot_s", slo.tpot_p99_s or slo.tpot_p50_s),
+                          ("e2e_s", slo.e2e_p99_s or slo.e2e_p50_s)):
+        if limit is not None:
+            within &= result.turns[column].to_numpy() <= limit
+    assert result.summary["slo_attainment"] == pytest.approx(within.mean())
+
+
+def test_slo_attainment_counts_the_turns_within_the_limit():
+    # A limit at the median TTFT: some turns meet it and some do not, so an attainment that
+    # ignored the limit (1.0) or inverted it would show.
+    result = simulate_strategy(SMALL, 1)
+    ttft = np.sort(result.turns["ttft_s"].to_numpy())
+    limit = float(ttft[4])  # the 5th of 9 turns
+    summary = summarize(result.turns, result.requests, ttft_slo_s=limit)
+    assert summary["slo_attainment"] == pytest.approx(np.mean(ttft <= limit))
+    assert 0 < summary["slo_attainment"] < 1
+    assert summary["goodput_turns_per_s"] == pytest.approx(
+        np.sum(ttft <= limit) / summary["duration_s"])
 
 
 def test_strategy_numbers_follow_the_scenario():

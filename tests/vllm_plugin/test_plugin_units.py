@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from vllm_helpers import colliding_paths
 
 from engine_ext.forward_context import build_token_slots
 from engine_ext.vllm_plugin.config import ConfigWatcher, PluginConfig, adapter_is_prefill_only
@@ -153,3 +154,15 @@ print("ok")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("root", [
+    "/tmp/pytest-of-root/pytest-0/test_a_hash_collision_is_refus0",  # had no "c{i}" collision
+    "/tmp/pytest-of-root/pytest-1/test_a_hash_collision_is_refus0",
+    "/home/runner/work/tmp/pytest-0/x", "relative", ""])
+def test_the_engine_tests_collision_search_finds_a_pair_under_any_folder(root):
+    # The engine test builds two colliding adapter folders under its tmp_path: the search must
+    # not depend on that folder's name (it did, and failed on every new machine).
+    first, second = colliding_paths(Path(root))
+    assert first != second and first.parent == second.parent == Path(root)
+    assert adapter_hash(str(first)) == adapter_hash(str(second))

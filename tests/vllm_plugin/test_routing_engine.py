@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import logging
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 from transformers import LlamaForCausalLM
 from vllm_helpers import (
     bump_mtime,
+    colliding_paths,
     create_llm,
     generate,
     generate_cached,
@@ -172,24 +172,12 @@ def test_a_corrupted_config_mid_run_keeps_the_last_good_one_and_logs_once(served
     assert str(s["file"]) in line
 
 
-def _colliding_paths(root: Path) -> tuple[Path, Path]:
-    """Two adapter folders under root whose paths share one 31-bit hash (birthday search)."""
-    seen: dict[int, Path] = {}
-    for i in range(1 << 20):
-        path = root / f"c{i}"
-        value = adapter_hash(str(path))
-        if value in seen:
-            return seen[value], path
-        seen[value] = path
-    raise AssertionError("no collision found")
-
-
 def test_a_hash_collision_is_refused_and_the_registered_adapter_keeps_its_hash(served, caplog,
                                                                                tmp_path):
     # The config adds an adapter whose path hashes like one already registered: refused with
     # one error, the last good registry stays, and that hash still means the first adapter.
     s = served
-    first, second = _colliding_paths(tmp_path)
+    first, second = colliding_paths(tmp_path)
     # A model of its own: an engine_ext engine wraps its model's layers (s["ref"] holds these).
     model = LlamaForCausalLM.from_pretrained(s["setup"].root / "model").eval()
     save_adapter(model, first, seed=7, prefill_only=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from contextlib import contextmanager
@@ -14,6 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from engine_ext.decoder_only import DecoderOnlyEngine
 from engine_ext.lora import LoraSpec, random_lora
 from engine_ext.peft_io import load_peft_adapter, save_peft_adapter
+from engine_ext.vllm_plugin.hashing import adapter_hash
 
 VOCAB = 512
 NUM_LAYERS = 4
@@ -255,3 +257,22 @@ def pd_decode(llm, sent: list[dict], max_tokens: int) -> list[tuple[list[int], i
                         lora_request=[s["lora"] and LoRARequest(*s["lora"]) for s in sent],
                         use_tqdm=False)
     return [(list(o.outputs[0].token_ids), o.num_cached_tokens) for o in outs]
+
+
+def colliding_paths(root: Path) -> tuple[Path, Path]:
+    """Two adapter folders under any `root` whose paths share one 31-bit hash (birthday search).
+
+    The names are pseudo-random (hex digits of sha256(i)), not "c0", "c1", ...: FNV-1a mixes
+    a string's last bytes weakly, so names that differ only in their last digits collide under
+    some folders and never under others (none under a new machine's first pytest folder).
+    Pseudo-random names give about 250 colliding pairs among 2^20 for any root; the first is
+    expected after about 60,000 names.
+    """
+    seen: dict[int, Path] = {}
+    for i in range(1 << 20):
+        path = root / hashlib.sha256(str(i).encode()).hexdigest()[:12]
+        value = adapter_hash(str(path))
+        if value in seen:
+            return seen[value], path
+        seen[value] = path
+    raise AssertionError(f"no two names under {root} share a hash")
