@@ -1,0 +1,38 @@
+"""The capacity plan for people: named columns with units, rounded values, intervals."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from planner.intervals import ProfileErrors
+from planner.plan_table import people_plan_table
+
+ROW = dict(strategy="multi_lora", is_feasible=True, gpu="H100-SXM", num_gpus=4,
+           tensor_parallel_size=1, num_replicas=4, cost_per_hour_usd=12.3456,
+           cost_per_million_tokens_usd=0.123456, per_replica_rate_per_s=3.14159,
+           max_num_seqs=256, max_loras=8, ttft_p99_s=0.123456, ttft_p99_s_min=0.12,
+           ttft_p99_s_max=0.13, tpot_p99_s=0.0123, tpot_p99_s_min=0.012, tpot_p99_s_max=0.0125,
+           e2e_p99_s=2.5, e2e_p99_s_min=2.4, e2e_p99_s_max=2.6, output_tokens_per_s=1234.5,
+           output_tokens_per_s_min=1200.0, output_tokens_per_s_max=1300.0)
+
+
+def test_columns_are_named_with_units_and_values_rounded_with_their_interval():
+    # The engine took 2x the predicted p99 TTFT on every validated workload.
+    errors = {"H100-SXM": ProfileErrors("h100-prof", {"ttft_p99_s": (-0.5, -0.5)})}
+    plans = pd.DataFrame([ROW, dict(strategy="mol", is_feasible=False, reason="too slow")])
+    table = people_plan_table(plans, errors)
+    row = table.iloc[0]
+    assert row["Deployment"] == "4 x H100-SXM (TP 1, 4 replicas)"
+    assert row["Cost ($/h)"] == "12.35" and row["Cost ($/M output tokens)"] == "0.123"
+    assert row["p99 TTFT (s)"] == "0.123 (0.24-0.26)"  # seeds 0.12-0.13, x2
+    assert row["p99 TPOT (ms)"] == "12.3 (12-12.5)"  # no measured TPOT error: the seeds alone
+    assert row["Output (tok/s)"] == "1,234 (1,200-1,300)"
+    assert row["Interval (90%)"] == "seeds x measured error of h100-prof (2 workloads)"
+    assert table.iloc[1]["Deployment"] == "no plan" and table.iloc[1]["Why"] == "too slow"
+    assert not any("_" in c for c in table.columns)  # no raw snake_case names
+
+
+def test_a_gpu_without_measured_error_says_so():
+    table = people_plan_table(pd.DataFrame([ROW]), {})
+    assert table.iloc[0]["Interval (90%)"] == "seeds only: no measured error"
+    assert table.iloc[0]["p99 E2E (s)"] == "2.5 (2.4-2.6)"
