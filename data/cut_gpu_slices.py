@@ -68,6 +68,64 @@ def cut_agullo(full: Path, out: Path) -> None:
                 copy(path, out / path.relative_to(full))
 
 
+def gzip_copy(source: Path, target: Path) -> None:
+    write_gzip(target.with_name(target.name + ".gz"), source.read_bytes())
+
+
+def cut_vidur(full: Path, out: Path) -> None:
+    """Llama-2-7B's operator profiles on H100 and A100 and the two DGX network profiles,
+    whole, gzipped."""
+    copy(full / "LICENSE", out / "LICENSE")
+    base = "raw/data/profiling"
+    for gpu in ("h100", "a100"):
+        path = f"{base}/compute/{gpu}/meta-llama/Llama-2-7b-hf/mlp.csv"
+        gzip_copy(full / path, out / path)
+        for collective in ("all_reduce", "send_recv"):
+            path = f"{base}/network/{gpu}_dgx/{collective}.csv"
+            gzip_copy(full / path, out / path)
+
+
+def cut_llmservingsim(full: Path, out: Path) -> None:
+    """H100 Llama-3.1-8B TP 1 per-layer table (v0 layout) and the RTX 4090 Llama-3.1-8B
+    profile (perf layout, vLLM 0.19) without its skew tables; CSVs gzipped."""
+    copy(full / "LICENSE", out / "LICENSE")
+    layers = "raw/profiler/v0/perf_models/H100/meta-llama/Llama-3.1-8B/tp1/layers.csv"
+    gzip_copy(full / layers, out / layers)
+    rtx = "raw/profiler/perf/RTX4090/meta-llama/Llama-3.1-8B/bf16"
+    copy(full / rtx / "meta.yaml", out / rtx / "meta.yaml")
+    for table in ("dense.csv", "per_sequence.csv", "attention.csv"):
+        gzip_copy(full / rtx / "tp1" / table, out / rtx / "tp1" / table)
+
+
+def cut_splitwise(full: Path, out: Path) -> None:
+    """The whole performance-model CSV, gzipped, with the licence and the team's README."""
+    for name in ("LICENSE", "README.md"):
+        copy(full / name, out / name)
+    gzip_copy(full / "splitwise_perf_model.csv", out / "splitwise_perf_model.csv")
+
+
+MEMORY_GAP_RUNS = "raw/benchmarks/definitive_results/advisor/output_length/_130/llama-2-7b"
+MEMORY_GAP_OFFLINE = ("raw/benchmarks_simple/definitive_results/analysis/prefill_vs_decode/"
+                      "summary_table")
+
+
+def cut_memory_gap(full: Path, out: Path) -> None:
+    """Llama-2-7B's max_num_seqs sweep at output length 130 (all 10 run folders) and the
+    offline prefill_vs_decode summary-table runs (4 models), whole; the licence and the
+    team's SOURCE.txt (which names the engine's version)."""
+    for name in ("LICENSE", "SOURCE.txt"):
+        copy(full / name, out / name)
+    for folder in (MEMORY_GAP_RUNS, MEMORY_GAP_OFFLINE):
+        for path in sorted((full / folder).rglob("*")):
+            if path.is_file() and path.parent != full / folder:
+                copy(path, out / path.relative_to(full))
+
+
 def main(full: Path) -> None:
     """Every GPU slice from the data root `full` (holding gpu/<dataset> and perf/)."""
-    cut_agullo(full / "gpu" / "agullo-dt", HERE / "gpu" / "agullo-dt")
+    gpu = HERE / "gpu"
+    cut_agullo(full / "gpu" / "agullo-dt", gpu / "agullo-dt")
+    cut_vidur(full / "gpu" / "vidur", gpu / "vidur")
+    cut_llmservingsim(full / "gpu" / "llmservingsim-profiles", gpu / "llmservingsim-profiles")
+    cut_splitwise(full / "perf", gpu / "splitwise")
+    cut_memory_gap(full / "gpu" / "memory-gap", gpu / "memory-gap")

@@ -9,4 +9,9 @@ does both.
 agullo-dt (`agullo`): `serving_run`, `test_run`, `sweep_run` (ServingRunRecord), `engine_sample`,
 `scheduler_step`, `adapter_load`, `memory_probe`; `agullo_steps.decode_step_samples` turns the
 decode sweeps into `calibrate.recorder.StepSample`s.
+memory-gap (`memory_gap`): `serving_run`, `forward_interval`, `phase_timing`.
+vidur (`vidur`): `operator_time`, `collective_time`.
+llmservingsim-profiles (`llmservingsim`): `layer_time`, `attention_time`.
+splitwise (`splitwise`): `phase_time`.
+`steps` turns Splitwise records and memory-gap decode phases into StepSamples.
 """

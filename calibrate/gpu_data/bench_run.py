@@ -127,6 +127,7 @@ def read_result(folder: Path, root: Path) -> tuple[dict[str, float], str, int] |
             raise GpuDataError(rel(path, root), err.lineno, "json", err.msg,
                                "valid JSON expected") from None
         values = {}
+        _derive_input_throughput(raw)
         for key in RESULT_FIELDS.values():
             value = raw.get(key)
             if not isinstance(value, int | float):
@@ -156,12 +157,22 @@ def _result_from_log(folder: Path, root: Path) -> tuple[dict[str, float], str, i
                 except ValueError:
                     raise GpuDataError(rel(log, root), i + 1, label.strip(), value.strip(),
                                        "a number expected") from None
+        _derive_input_throughput(values)
         missing = [k for k in RESULT_FIELDS if RESULT_FIELDS[k] not in values]
         if missing:
             raise GpuDataError(rel(log, root), start + 1, "result block", lines[start].strip(),
                                f"incomplete: no {', '.join(missing)}")
         return values, rel(log, root), start + 1
     return None
+
+
+def _derive_input_throughput(values: dict) -> None:
+    """Older clients (memory-gap's) print total token throughput instead of input token
+    throughput; the client computes the latter as input tokens over the duration."""
+    if "input_throughput" not in values and isinstance(values.get("duration"), int | float):
+        tokens = values.get("total_input_tokens")
+        if isinstance(tokens, int | float) and values["duration"] > 0:
+            values["input_throughput"] = tokens / values["duration"]
 
 
 def read_engine_series(folder: Path, root: Path) -> dict[str, np.ndarray] | None:

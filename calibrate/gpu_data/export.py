@@ -25,13 +25,18 @@ REPO_DATA = Path(__file__).resolve().parents[2] / "data"
 def _importers() -> dict[str, tuple[Callable[[Path], ImportResult], tuple[str, ...]]]:
     """Dataset name -> (importer, folders it may sit in under the data root)."""
     from calibrate.gpu_data.agullo import import_agullo
+    from calibrate.gpu_data.llmservingsim import import_llmservingsim
+    from calibrate.gpu_data.memory_gap import import_memory_gap
+    from calibrate.gpu_data.splitwise import import_splitwise
+    from calibrate.gpu_data.vidur import import_vidur
 
-    table = {"agullo-dt": (import_agullo, ("gpu/agullo-dt",))}
-    try:
-        from calibrate.gpu_data import others
-    except ImportError:  # the other datasets' importers land separately
-        return table
-    return table | others.IMPORTERS
+    return {
+        "agullo-dt": (import_agullo, ("gpu/agullo-dt",)),
+        "memory-gap": (import_memory_gap, ("gpu/memory-gap",)),
+        "vidur": (import_vidur, ("gpu/vidur",)),
+        "llmservingsim-profiles": (import_llmservingsim, ("gpu/llmservingsim-profiles",)),
+        "splitwise": (import_splitwise, ("perf", "gpu/splitwise")),
+    }
 
 
 def dataset_names() -> tuple[str, ...]:
