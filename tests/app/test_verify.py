@@ -13,10 +13,11 @@ import pytest
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
-from calibrate.verify import VerifyOptions, compare_rows, run_verify, slo_checks  # noqa: E402
+from app.verify import VerifyOptions, run_verify  # noqa: E402
 from calibrate.verify_engine import EngineMissing, check_engine_installed  # noqa: E402
-from calibrate.verify_plan import PlanMismatch, planned_deployments  # noqa: E402
-from calibrate.verify_report import terminal_text  # noqa: E402
+from planner.verify import PlanMismatch, planned_deployments  # noqa: E402
+from planner.verify_checks import compare_rows, slo_checks  # noqa: E402
+from planner.verify_report import terminal_text  # noqa: E402
 from planner.loading import load_scenario  # noqa: E402
 from planner.scenario import SloConfig  # noqa: E402
 
@@ -82,7 +83,7 @@ def test_a_planned_scenario_verifies_with_measured_values_and_passes(verified):
     [entry] = result.strategies
     assert entry["num_requests"] == NUM_REQUESTS and entry["source"].startswith("plan ")
     # The engine ran exactly the plan's limits, on the KV pool the scenario asked for.
-    assert entry["engine_args"]["max_num_seqs"] == 8 and entry["engine_args"]["max_loras"] == 2
+    assert entry["engine_kwargs"]["max_num_seqs"] == 8 and entry["engine_kwargs"]["max_loras"] == 2
     assert entry["num_kv_blocks"] == (16 << 20) // (2 * 4 * 2 * 64 * 4 * 32)
     for row in entry["rows"]:
         assert row["measured"] > 0 and math.isfinite(row["measured"]), row

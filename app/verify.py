@@ -1,0 +1,176 @@
+"""`molcap verify`: check a capacity plan on a real engine before buying it.
+
+Composes the two halves that never import each other: the planner resolves each strategy's
+planned deployment into one replica's scenario, vLLM arguments and workload
+(`planner.verify`), the engine side starts vLLM and replays that workload open loop
+(`calibrate.verify_engine`), and the planner predicts the same requests on the KV pool the
+engine resolved and checks every SLO on the measurements (`planner.verify_checks`).
+
+Each strategy's run is a point in the points store (OUT/points): Ctrl-C stops the engine, keeps
+the requests that finished (OUT/partial/<key>.json) and a rerun resumes at the first strategy
+not finished. The SLOs are checked on the stored measurement, not part of it: changing one
+re-checks without starting the engine again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from planner.verify import (
+    SUPPORTED_KINDS,
+    TINY_MODEL,
+    PlannedDeployment,
+    adapter_specs,
+    cost_profile_json,
+    engine_kwargs,
+    host_settings,
+    planned_deployments,
+    predict_replay,
+    replica_scenario,
+)
+from planner.verify_checks import VerifyResult, strategy_entry, summarize
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """How to run the check (the CLI's options)."""
+
+    engine: str = "vllm"
+    device: str | None = None
+    """cpu or cuda; None: cpu when the scenario's GPU kind is `cpu`, else cuda."""
+    num_requests: int = 32
+    """Requests (turns) replayed per strategy."""
+    clock: str = "wall"
+    """wall (what a client sees) or cpu (the engine thread's CPU time: a shared machine)."""
+    model_path: Path | None = None
+    """The model's Hugging Face folder; None builds the tiny Llama (vllm-tiny-llama only)."""
+    adapters_dir: Path | None = None
+    """One PEFT folder per adapter name; None: random adapters of the scenario's ranks,
+    modules and layers."""
+    strategies: tuple[str, ...] = ()
+    """Strategy labels to verify; empty: every strategy verify supports."""
+
+
+def resolve_device(scenario, device: str | None) -> str:
+    """--device, or cpu for a plan on the `cpu` GPU kind and cuda otherwise."""
+    return device or ("cpu" if scenario.hardware.gpu_spec.name == "cpu" else "cuda")
+
+
+def selected(scenario, plans: list[PlannedDeployment],
+             options: VerifyOptions) -> tuple[list[PlannedDeployment], list[str]]:
+    """The strategies to verify, and a line for each one skipped."""
+    labels = [s.label for s in scenario.strategies]
+    unknown = [s for s in options.strategies if s not in labels]
+    if unknown:
+        raise ValueError(f"--strategy: {unknown} not in the scenario; allowed: {labels}")
+    chosen, skipped = [], []
+    for p in plans:
+        kind, arch = scenario.strategies[p.index].kind, scenario.strategy_arch(p.index).name
+        if options.strategies and p.strategy not in options.strategies:
+            continue
+        if kind not in SUPPORTED_KINDS:
+            skipped.append(f"{p.strategy}: kind {kind!r} is not verified on vLLM (verify "
+                           f"serves {', '.join(SUPPORTED_KINDS)})")
+        elif options.model_path is None and arch != TINY_MODEL:
+            raise ValueError(f"--model-path: strategy {p.strategy!r} serves {arch!r}; give its "
+                             f"Hugging Face folder (molcap builds only {TINY_MODEL} itself)")
+        else:
+            chosen.append(p)
+    return chosen, skipped
+
+
+def measure_strategy(scenario, planned: PlannedDeployment, options: VerifyOptions,
+                     device: str, work: Path, partial: list[dict]) -> dict:
+    """One strategy on its engine: the stored record (requests, steps, measured and predicted
+    summaries, what ran)."""
+    from calibrate.verify_engine import (
+        build_adapters,
+        build_tiny_model,
+        measure,
+        replay_conversations,
+    )
+    from planner.simulation import create_workload
+
+    index = planned.index
+    point = replica_scenario(scenario, planned, options.num_requests)
+    kind, specs = adapter_specs(point, index)
+    model = Path(options.model_path or build_tiny_model(work))
+    adapters = build_adapters(kind, specs, model, work / "adapters", options.adapters_dir)
+    workload = create_workload(point, max(1, len(specs)), np.random.default_rng(point.seed))
+    conversations = replay_conversations(workload, kind, point.seed,
+                                         point.strategy_arch(index).vocab_size)
+    kwargs = engine_kwargs(point, index, str(model), device)
+    host = host_settings(point, device)
+    ran = measure(kwargs, kind, adapters, host, conversations, clock=options.clock,
+                  device=device, group=f"verify:{planned.strategy}", partial=partial)
+    return dict(strategy=planned.strategy, index=index, source=planned.source,
+                deployment=asdict(planned.deployment), is_feasible=planned.is_feasible,
+                engine_kwargs=kwargs, host=dict(host, allocator=ran["allocator"]),
+                num_kv_blocks=ran["num_kv_blocks"], clock=options.clock, device=device,
+                num_requests=len(ran["records"]), measured=summarize(ran["records"]),
+                predicted=predict_replay(point, index, workload, ran["num_kv_blocks"]),
+                records=ran["records"], steps=ran["steps"],
+                scenario=point.model_dump(mode="json"),
+                cost_profile=cost_profile_json(point, index))
+
+
+def run_verify(scenario_path: Path, plan_path: Path | None, out: Path, options: VerifyOptions,
+               on_progress=None) -> VerifyResult:
+    """Verify every selected strategy (resuming finished ones from OUT/points); write
+    OUT/verify.json and OUT/verify.html; the result (exit status: `missed_slos`)."""
+    from calibrate.verify_engine import check_engine_installed
+    from planner.loading import load_scenario
+    from planner.points import PointStore, PointTask, content_digest, run_points
+    from planner.report import file_name, write_atomic
+
+    scenario = load_scenario(scenario_path)
+    device = resolve_device(scenario, options.device)
+    check_engine_installed(options.engine, device)
+    plans = planned_deployments(scenario, Path(scenario_path), plan_path)
+    chosen, skipped = selected(scenario, plans, options)
+    out = Path(out)
+    measured_part = {k: v for k, v in scenario.model_dump(mode="json").items()
+                     if k not in ("slo", "description")}
+    tasks = [PointTask(f"verify-{p.index:02d}-{file_name(p.strategy)}-" + content_digest(
+        measured_part, asdict(p.deployment), options.num_requests, options.engine, device,
+        options.clock, str(options.model_path), str(options.adapters_dir)), dict(index=i))
+        for i, p in enumerate(chosen)]
+
+    def run(payload: dict) -> dict:
+        planned, key = chosen[payload["index"]], tasks[payload["index"]].key
+        if on_progress:
+            on_progress(planned.strategy)
+        partial: list[dict] = []
+        try:
+            return measure_strategy(scenario, planned, options, device, out / "work", partial)
+        except BaseException:
+            if partial:  # Ctrl-C or a failure: what finished is kept
+                write_atomic(out / "partial" / f"{key}.json", json.dumps(partial).encode())
+            raise
+
+    records = run_points(tasks, run, PointStore(out / "points"), backend="inline")
+    result = VerifyResult(scenario.name, skipped=skipped)
+    for task, planned in zip(tasks, chosen, strict=True):
+        record = records[task.key]
+        if record["status"] != "ok":
+            result.skipped.append(f"{planned.strategy}: failed: {record['error']}")
+            continue
+        result.strategies.append(strategy_entry(record["result"], planned.plan_metrics,
+                                                planned.is_feasible, scenario.slo))
+    write_outputs(result, scenario, out)
+    return result
+
+
+def write_outputs(result: VerifyResult, scenario, out: Path) -> None:
+    """OUT/verify.json (everything but the per-request records and steps) and verify.html."""
+    from planner.report import write_atomic
+    from planner.verify_report import verify_html
+
+    data = dict(scenario=result.scenario, strategies=result.strategies, skipped=result.skipped,
+                missed_slos=result.missed_slos)
+    write_atomic(out / "verify.json", json.dumps(data, indent=2, default=str).encode("utf-8"))
+    write_atomic(out / "verify.html", verify_html(result, scenario).encode("utf-8"))
