@@ -2,14 +2,14 @@
 
     ray job submit --address http://HEAD:8265 --working-dir . -- \
         python calibrate/cluster/ray_verify.py scenarios/x.yaml --plan out/x/plan.json \
-        --model-path /models/llama --out out/verify
+        --gpu-kind H100-SXM --num-gpus 1 --model-path /models/llama --out out/verify
 
-One task, on a node with the plan's GPU kind (`accelerator_type:<kind>`) and as many GPUs as
-its largest tensor-parallel replica, runs `calibrate.verify.run_verify` there; the result
-comes back as a value and the driver writes OUT/verify.json and OUT/verify.html, prints the
-table and exits 1 when a promised SLO was missed. The scenario, plan and adapters travel with
---working-dir; the model path must exist on the GPU nodes. A cluster without GPUs (or --device
-cpu) runs the task on a CPU node (the path tested here on a local Ray instance).
+One task, on a node with that GPU kind (`accelerator_type:<kind>`) and as many GPUs as the
+plan's tensor-parallel size, runs `molcap verify` there (the command, in a child process, as
+a user runs it); the verify files come back as values, the driver writes them to OUT, prints
+the table and exits with verify's status (1 when a promised SLO was missed). The scenario, plan
+and adapters travel with --working-dir; the model path must exist on the GPU nodes. --device cpu
+runs the task on any node (the path tested on a local Ray instance).
 """
 
 from __future__ import annotations
@@ -20,75 +20,77 @@ from pathlib import Path
 
 CATALOGUE_TO_RAY = {"H100-SXM": "H100", "H200": "H200", "A100-80GB": "A100", "H20": "H20"}
 """sim.catalogue GPU kinds -> Ray's accelerator_type names."""
+FILES = ("verify.json", "verify.html")
 
 
-def task_resources(gpu_kind: str, num_gpus: int, device: str) -> dict:
-    """Ray options of the verify task: GPUs and the accelerator type of the plan (none on
-    CPU)."""
+def task_options(gpu_kind: str, num_gpus: int, device: str) -> dict:
+    """Ray options of the verify task: the plan's GPUs and accelerator type (none on CPU)."""
     if device == "cpu":
         return {}
     kind = CATALOGUE_TO_RAY.get(gpu_kind, gpu_kind)
     return dict(num_gpus=num_gpus, resources={f"accelerator_type:{kind}": 0.001})
 
 
-def verify_task(scenario: str, plan: str | None, out: str, options: dict) -> dict:
-    """Run verify in the worker; the files' text and the verdict."""
-    from calibrate.verify import VerifyOptions, run_verify
-    from calibrate.verify_report import terminal_text
+def verify_task(command: list[str], out: str) -> dict:
+    """Run `molcap verify` in the worker: its exit status, output and files' text."""
+    import subprocess
 
-    opts = VerifyOptions(**{k: Path(v) if k in ("model_path", "adapters_dir") and v else v
-                            for k, v in options.items()})
-    result = run_verify(Path(scenario), Path(plan) if plan else None, Path(out), opts)
-    return dict(json=(Path(out) / "verify.json").read_text(),
-                html=(Path(out) / "verify.html").read_text(), text=terminal_text(result),
-                missed=result.missed_slos)
+    done = subprocess.run(command, capture_output=True, text=True)
+    files = {name: (Path(out) / name).read_text() for name in FILES
+             if (Path(out) / name).exists()}
+    return dict(returncode=done.returncode, stdout=done.stdout, stderr=done.stderr,
+                files=files)
+
+
+def verify_command(args, molcap: list[str]) -> list[str]:
+    """The `molcap verify` command line of these arguments."""
+    command = [*molcap, "verify", str(Path(args.scenario).resolve()), "--device", args.device,
+               "--num-requests", str(args.num_requests), "--out", str(Path(args.out).resolve())]
+    for flag, value in (("--plan", args.plan), ("--model-path", args.model_path),
+                        ("--adapters", args.adapters)):
+        if value:
+            command += [flag, str(Path(value).resolve()) if flag != "--model-path" else value]
+    for label in args.strategy:
+        command += ["--strategy", label]
+    return command
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Submit the verify task; write its files; 0, or 1 when a promised SLO was missed."""
+    """Submit the verify task; write its files; verify's exit status."""
     import ray
-
-    from calibrate.verify_plan import planned_deployments
-    from planner.loading import load_scenario
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scenario")
     parser.add_argument("--plan", default=None)
     parser.add_argument("--out", default="out/verify")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--gpu-kind", default="H100-SXM", help="The plan's catalogue GPU kind.")
+    parser.add_argument("--num-gpus", type=int, default=1, help="The plan's TP size.")
     parser.add_argument("--num-requests", type=int, default=200)
     parser.add_argument("--model-path", default=None)
     parser.add_argument("--adapters", default=None)
     parser.add_argument("--strategy", action="append", default=[])
+    parser.add_argument("--molcap", default="molcap", help="The molcap command on the nodes.")
     parser.add_argument("--address", default=None, help="Ray address (default: auto/local)")
     args = parser.parse_args(argv)
-    scenario = load_scenario(args.scenario)
-    plans = planned_deployments(scenario, Path(args.scenario),
-                                Path(args.plan) if args.plan else None)
-    gpu = plans[0].deployment.gpu
-    num_gpus = max(p.deployment.tensor_parallel_size for p in plans)
-    options = dict(device=args.device, num_requests=args.num_requests,
-                   model_path=args.model_path, adapters_dir=args.adapters,
-                   strategies=tuple(args.strategy))
+    command = verify_command(args, args.molcap.split())
     started = not ray.is_initialized()
     if started:
         ray.init(address=args.address, include_dashboard=False, log_to_driver=False)
     try:
-        remote = ray.remote(verify_task).options(**task_resources(gpu, num_gpus, args.device))
-        done = ray.get(remote.remote(str(Path(args.scenario).resolve()),
-                                     str(Path(args.plan).resolve()) if args.plan else None,
-                                     str(Path(args.out).resolve()), options))
+        remote = ray.remote(verify_task).options(
+            **task_options(args.gpu_kind, args.num_gpus, args.device))
+        done = ray.get(remote.remote(command, str(Path(args.out).resolve())))
     finally:
         if started:
             ray.shutdown()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "verify.json").write_text(done["json"])
-    (out / "verify.html").write_text(done["html"])
-    print(done["text"])
-    for line in done["missed"]:
-        print(f"SLO missed: {line}", file=sys.stderr)
-    return 1 if done["missed"] else 0
+    for name, text in done["files"].items():
+        (out / name).write_text(text)
+    sys.stdout.write(done["stdout"])
+    sys.stderr.write(done["stderr"])
+    return done["returncode"]
 
 
 if __name__ == "__main__":
