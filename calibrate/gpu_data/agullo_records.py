@@ -41,7 +41,9 @@ class ServingRunRecord:
     adapter_rate_counts: tuple[int, ...]
     """Adapters at each rate of `adapter_rates` (() when not logged)."""
     lora_module_ranks: tuple[int, ...]
-    """Ranks of the LoRA modules the adapters are copies of (launcher's module list)."""
+    """Ranks of the LoRA modules the adapters are copies of (launcher's module list). With as
+    many modules as rates, module i serves the adapters at `adapter_rates[i]` (upstream's run
+    folders are named rate_<r1-r2-r3>_size_<s1-s2-s3>): see `adapter_classes`."""
     num_adapters: int | None
     """Distinct adapters served (None when not logged)."""
     restrict_loras: int | None
@@ -83,6 +85,16 @@ class ServingRunRecord:
     max_num_running: float | None
     source_file: str
     source_line: int
+
+
+def adapter_classes(run: ServingRunRecord) -> list[tuple[float, int, int]]:
+    """(rate req/s per adapter, rank, adapters) per adapter class of a rate-driven run, pairing
+    rates, module ranks and counts by position; [] when the run does not log all three."""
+    n = len(run.adapter_rates)
+    if n == 0 or len(run.lora_module_ranks) != n or len(run.adapter_rate_counts) != n:
+        return []
+    return list(zip(run.adapter_rates, run.lora_module_ranks, run.adapter_rate_counts,
+                    strict=True))
 
 
 @dataclass(frozen=True)

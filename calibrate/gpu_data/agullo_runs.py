@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 
 from calibrate.gpu_data.agullo_records import GPU_KIND, EngineSampleRecord, ServingRunRecord
-from calibrate.gpu_data.base import GpuDataError, rel
+from calibrate.gpu_data.base import GpuDataError, rel, text_lines
 from calibrate.gpu_data.bench_run import (
     Launch,
     engine_version,
@@ -43,6 +45,9 @@ def run_from_folder(folder: Path, root: Path, *, group: str, run_id: str
         if inside.size:
             running = (float(inside.mean()), float(inside.max()))
     run = _record(launch, values, group, run_id, running, source_file, source_line)
+    counts = _logged_adapters(folder, root, run.adapter_rates)
+    if counts is not None:
+        run = dataclasses.replace(run, num_adapters=counts[0], adapter_rate_counts=counts[1])
     samples = [] if series is None else _samples(series, run_id, rel(folder, root))
     return launch, run, samples
 
@@ -83,6 +88,28 @@ def _record(launch: Launch, values: dict, group: str, run_id: str, running, sour
         gpu_blocks=None, gpu_kv_cache_tokens=None, model_weights_gib=None,
         mean_num_running=running[0], max_num_running=running[1],
         source_file=source_file, source_line=source_line)
+
+
+def _logged_adapters(folder: Path, root: Path, rates: tuple[float, ...]
+                     ) -> tuple[int, tuple[int, ...]] | None:
+    """(adapters served, adapters per rate aligned with `rates`) from the client log's
+    'Number of adapters: N' and 'Adapter rates. Values: [...]. Counts: [...]' lines."""
+    pattern = re.compile(r"Adapter rates\. Values: \[([^\]]*)\]\. Counts: \[([^\]]*)\]")
+    for log in sorted(folder.glob("log_*.out"), reverse=True):
+        number, by_rate = None, None
+        for i, line in enumerate(text_lines(log), start=1):
+            if line.startswith("Number of adapters:"):
+                number = int(line.split(":")[1])
+            match = pattern.match(line)
+            if match:
+                by_rate = dict(zip(map(float, match.group(1).split()),
+                                   map(int, match.group(2).split()), strict=True))
+                if set(by_rate) != set(rates):
+                    raise GpuDataError(rel(log, root), i, "Adapter rates", match.group(1),
+                                       f"the launcher's --adapter-rates {rates} expected")
+        if number is not None and by_rate is not None:
+            return number, tuple(by_rate[r] for r in rates)
+    return None
 
 
 def _module_ranks(launch: Launch) -> list[str]:

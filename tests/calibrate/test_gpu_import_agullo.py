@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from calibrate.gpu_data.agullo import ESTIMATORS, import_agullo
+from calibrate.gpu_data.agullo_records import adapter_classes
 from calibrate.gpu_data.agullo_steps import decode_step_samples
 from calibrate.gpu_data.base import GpuDataError
 from calibrate.gpu_data.export import REPO_DATA
@@ -38,6 +39,7 @@ def test_runs_summary_row_is_read_with_its_configuration_and_metrics(result):
     assert run.adapter_rates == (0.05, 0.0125, 0.003125)
     assert run.adapter_rate_counts == (43, 43, 42)
     assert run.lora_module_ranks == (8, 8, 16)
+    assert adapter_classes(run) == [(0.05, 8, 43), (0.0125, 8, 43), (0.003125, 16, 42)]
     assert (run.request_throughput, run.median_tpot_ms, run.p99_ttft_ms) == (2.84, 22.25, 376.47)
     assert run.window_s == 3600.0 and run.is_window_result
     assert (run.source_file, run.source_line) == ("derived/runs_summary.csv.gz", 2)
@@ -49,7 +51,8 @@ def test_raw_test_runs_match_the_derived_table(result):
     raw = result.records["test_run"]
     assert len(raw) == 21 and result.excluded["test_dataset runs with no result"] == 3
     fields = ("model", "max_loras", "max_cpu_loras", "max_lora_rank", "max_num_seqs",
-              "adapter_rates", "lora_module_ranks", "window_s", "completed_requests",
+              "adapter_rates", "adapter_rate_counts", "num_adapters", "lora_module_ranks",
+              "window_s", "completed_requests",
               "request_throughput", "median_ttft_ms", "p99_tpot_ms", "mean_itl_ms")
     for run in raw:
         assert run.source_file.endswith(".out")
