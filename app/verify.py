@@ -157,7 +157,7 @@ def run_verify(scenario_path: Path, plan_path: Path | None, out: Path, options: 
     for task, planned in zip(tasks, chosen, strict=True):
         record = records[task.key]
         if record["status"] != "ok":
-            result.skipped.append(f"{planned.strategy}: failed: {record['error']}")
+            result.failed.append(f"{planned.strategy}: {record['error']}")
             continue
         result.strategies.append(strategy_entry(record["result"], planned.plan_metrics,
                                                 planned.is_feasible, scenario.slo))
@@ -171,6 +171,6 @@ def write_outputs(result: VerifyResult, scenario, out: Path) -> None:
     from planner.verify_report import verify_html
 
     data = dict(scenario=result.scenario, strategies=result.strategies, skipped=result.skipped,
-                missed_slos=result.missed_slos)
+                failed=result.failed, missed_slos=result.missed_slos)
     write_atomic(out / "verify.json", json.dumps(data, indent=2, default=str).encode("utf-8"))
     write_atomic(out / "verify.html", verify_html(result, scenario).encode("utf-8"))

@@ -85,6 +85,8 @@ class VerifyResult:
     strategies: list[dict] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     """One line per strategy not verified, and why."""
+    failed: list[str] = field(default_factory=list)
+    """One line per strategy whose run raised (rerun to retry)."""
 
     @property
     def missed_slos(self) -> list[str]:

@@ -82,6 +82,7 @@ def terminal_text(result) -> str:
     for entry in result.strategies:
         lines += [describe_run(entry), strategy_table(entry), *slo_lines(entry), ""]
     lines += [f"not verified: {s}" for s in result.skipped]
+    lines += [f"failed: {s}" for s in result.failed]
     lines.append("plan: the deployment's seed mean (molcap run); predicted: the simulator on "
                  "exactly these requests and the engine's KV blocks; error: predicted vs "
                  "measured")

@@ -13,13 +13,14 @@ import pytest
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
-from app.verify import VerifyOptions, run_verify  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from app.verify_command import verify  # noqa: E402
 from calibrate.verify_engine import EngineMissing, check_engine_installed  # noqa: E402
-from planner.verify import PlanMismatch, planned_deployments  # noqa: E402
-from planner.verify_checks import compare_rows, slo_checks  # noqa: E402
-from planner.verify_report import terminal_text  # noqa: E402
 from planner.loading import load_scenario  # noqa: E402
 from planner.scenario import SloConfig  # noqa: E402
+from planner.verify import PlanMismatch, planned_deployments  # noqa: E402
+from planner.verify_checks import compare_rows, slo_checks  # noqa: E402
 
 SCENARIO = """\
 name: tiny_verify
@@ -58,6 +59,16 @@ seed: 0
 NUM_REQUESTS = 6
 
 
+def molcap_verify(*args) -> object:
+    """`molcap verify ARGS` in this process (the engine shares the module's process)."""
+    import typer
+
+    program = typer.Typer(add_completion=False)
+    program.command()(verify)
+    program.command("unused")(lambda: None)  # two commands: `verify` is named on the line
+    return CliRunner().invoke(program, ["verify", *map(str, args)])
+
+
 def write_scenario(folder: Path, slo_line: str, name: str = "tiny.yaml") -> Path:
     path = folder / name
     path.write_text(SCENARIO.replace("SLO_LINE", slo_line))
@@ -74,13 +85,16 @@ def verified(tmp_path_factory):
     run = run_scenario_file(scenario, root / "out", backend="inline")
     assert bool(run.plans["is_feasible"].iloc[0])
     plan = root / "out" / "tiny_verify"
-    result = run_verify(scenario, plan, root / "verify", VerifyOptions(num_requests=NUM_REQUESTS))
-    return root, result
+    done = molcap_verify(scenario, "--plan", plan, "--num-requests", NUM_REQUESTS,
+                         "--out", root / "verify")
+    assert done.exit_code == 0, done.output
+    return root, done.output
 
 
 def test_a_planned_scenario_verifies_with_measured_values_and_passes(verified):
-    root, result = verified
-    [entry] = result.strategies
+    root, output = verified
+    saved = json.loads((root / "verify" / "verify.json").read_text())
+    [entry] = saved["strategies"]
     assert entry["num_requests"] == NUM_REQUESTS and entry["source"].startswith("plan ")
     # The engine ran exactly the plan's limits, on the KV pool the scenario asked for.
     assert entry["engine_kwargs"]["max_num_seqs"] == 8 and entry["engine_kwargs"]["max_loras"] == 2
@@ -89,11 +103,9 @@ def test_a_planned_scenario_verifies_with_measured_values_and_passes(verified):
         assert row["measured"] > 0 and math.isfinite(row["measured"]), row
         assert row["predicted"] > 0, row
     assert entry["rows"][2]["plan"] is not None  # the plan's own p99 TTFT beside them
-    assert result.missed_slos == []
-    text = terminal_text(result)
-    assert "TTFT p99" in text and "E2E p99" in text and "pass" in text
-    saved = json.loads((root / "verify" / "verify.json").read_text())
-    assert saved["strategies"][0]["measured"] == entry["measured"]
+    assert saved["missed_slos"] == [] and saved["failed"] == []
+    assert "TTFT p99" in output and "E2E p99" in output and "pass" in output
+    assert "host allocator: glibc, freed memory kept" in output
     assert "Verified on a real engine" in (root / "verify" / "verify.html").read_text()
 
 
@@ -102,10 +114,10 @@ def test_an_slo_below_what_the_engine_does_fails_naming_it_without_a_new_engine(
     points = sorted((root / "verify" / "points").glob("verify-*.json"))
     stamps = [p.stat().st_mtime_ns for p in points]
     tight = write_scenario(root, "ttft_p50_s: 0.000001", "tight.yaml")
-    result = run_verify(tight, None, root / "verify", VerifyOptions(num_requests=NUM_REQUESTS))
+    done = molcap_verify(tight, "--num-requests", NUM_REQUESTS, "--out", root / "verify")
     assert [p.stat().st_mtime_ns for p in points] == stamps  # measurement reused, not redone
-    [missed] = result.missed_slos
-    assert missed.startswith("multi_lora: ttft_p50_s measured")
+    assert done.exit_code == 1, done.output
+    assert "SLO missed: multi_lora: ttft_p50_s measured" in done.output
 
 
 def test_a_plan_of_another_scenario_is_refused_naming_both(verified, tmp_path):
@@ -119,16 +131,23 @@ def test_a_plan_of_another_scenario_is_refused_naming_both(verified, tmp_path):
     message = str(err.value)
     assert "'tiny_verify'" in message and "'tiny_other'" in message
     assert "name" in message and "workload" in message
+    done = molcap_verify(other, "--plan", root / "out" / "tiny_verify", "--out", tmp_path / "v")
+    assert done.exit_code == 2 and "'tiny_other'" in done.output and "Traceback" not in done.output
 
 
-def test_an_engine_or_device_not_installed_says_what_to_install():
+def test_an_engine_or_device_not_installed_says_what_to_install(verified):
+    root, _ = verified
+    scenario = root / "tiny.yaml"
+    done = molcap_verify(scenario, "--engine", "sglang", "--out", root / "nothing")
+    assert done.exit_code == 2 and "use --engine vllm" in done.output
+    assert len(done.output.strip().splitlines()) == 1 and not (root / "nothing").exists()
     with pytest.raises(EngineMissing, match="use --engine vllm"):
         check_engine_installed("sglang", "cpu")
     import torch
 
     if not torch.cuda.is_available():
-        with pytest.raises(EngineMissing, match=r"install the CUDA build of vLLM"):
-            check_engine_installed("vllm", "cuda")
+        done = molcap_verify(scenario, "--device", "cuda", "--out", root / "nothing")
+        assert done.exit_code == 2 and "install the CUDA build of vLLM" in done.output
 
 
 def test_slo_checks_and_rows_on_hand_computed_requests():
@@ -155,14 +174,14 @@ def test_a_verify_run_joins_the_calibration_samples(verified):
     from calibrate.verify_samples import verify_samples
     from planner.profiles import PROFILES_DIR, load_profile
 
-    root, result = verified
+    root, _ = verified
     samples, profiles = verify_samples(root / "verify", "cpu")
     assert set(profiles) == {"verify:multi_lora"}
     # Every timed step of the replay: the tokens computed are the prompts, then each output
     # token but the last fed back (random prompts: no prefix hit; warm-up's cache was reset).
     [point] = (root / "verify" / "points").glob("verify-*.json")
     turns = json.loads(point.read_text())["result"]["records"]
-    assert len(turns) == result.strategies[0]["num_requests"]
+    assert len(turns) == NUM_REQUESTS
     assert sum(sum(s.num_new_tokens) for s in samples) == sum(
         t["num_prompt_tokens"] + t["num_output_tokens"] - 1 for t in turns)
     assert all(s.measured_s > 0 for s in samples)
