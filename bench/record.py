@@ -147,29 +147,29 @@ def results_dir() -> Path:
     return Path(os.environ.get(RESULTS_DIR_ENV) or RESULTS_DIR)
 
 
-def append_rows(benchmark: str, values: list[dict[str, Value]], *, title: str, about: str,
-                columns: list[tuple[str, str]], source: str,
+def append_rows(benchmark: str, values: list[dict[str, Value]], *, source: str,
                 load_average: float | str | None = None) -> Path:
-    """Append measured rows to bench/results/<benchmark>.json (created on first use), stamped with
-    this machine, the load average during the runs (`load_average`, e.g. "0.4-1.2"; by default
-    the 1-minute load average now), the time and the commit."""
+    """Append measured rows to bench/results/<benchmark>.json, stamped with this machine, the load
+    average during the runs (`load_average`, e.g. "0.4-1.2"; by default the 1-minute load average
+    now), the time and the commit. A key no column has yet gets a column headed by the key; a
+    missing file is created with a plain title, to be worded by hand."""
     path = results_dir() / f"{benchmark}.json"
     if path.exists():
         current = load_results(path)
-        known = {c.key for c in current.columns}
-        extra = [Column(key=k, label=label) for k, label in columns if k not in known]
-        current = current.model_copy(update={"columns": [*current.columns, *extra]})
     else:
-        current = BenchmarkResults(benchmark=benchmark, title=title, about=about,
-                                   columns=[Column(key=k, label=label) for k, label in columns])
+        current = BenchmarkResults(benchmark=benchmark, title=benchmark,
+                                   about=f"Rows appended by {source}.",
+                                   columns=[Column(key=k, label=k) for k in values[0]])
+    known = [c.key for c in current.columns]
+    new_keys = [k for k in dict.fromkeys(k for v in values for k in v) if k not in known]
     if load_average is None:
         load_average = round(os.getloadavg()[0], 2)
     stamp = dict(machine=machine_description(), load_average=load_average,
                  date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                  commit=current_commit(), source=source)
-    rows = [*current.rows, *(ResultRow(**stamp, values=v) for v in values)]
-    updated = current.model_copy(update={"rows": rows})
-    updated = BenchmarkResults.model_validate(updated.model_dump())  # model_copy skips checks
+    updated = BenchmarkResults.model_validate(current.model_dump() | dict(
+        columns=[*current.model_dump()["columns"], *(dict(key=k, label=k) for k in new_keys)],
+        rows=[*current.model_dump()["rows"], *(dict(stamp, values=v) for v in values)]))
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".json.partial")
     partial.write_text(json.dumps(updated.model_dump(), indent=1, ensure_ascii=False) + "\n",

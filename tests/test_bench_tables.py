@@ -64,17 +64,16 @@ def test_an_empty_machine_or_a_value_without_a_column_is_refused(tmp_path):
 
 def test_append_rows_stamps_machine_load_date_and_keeps_earlier_rows(tmp_path, monkeypatch):
     monkeypatch.setenv(record.RESULTS_DIR_ENV, str(tmp_path))
-    kwargs = dict(title="A benchmark", about="What it measures.", source="bench_x.py",
-                  columns=[("workload", "workload"), ("speed", "req per CPU-s")])
-    record.append_rows("bench_x", [dict(workload="a", speed=1.0)], **kwargs)
+    record.append_rows("bench_x", [dict(workload="a", speed=1.0)], source="bench_x.py")
     path = record.append_rows("bench_x", [dict(workload="b", speed=2.0, extra=3)],
-                              **kwargs | {"columns": [*kwargs["columns"], ("extra", "extra")]})
+                              source="bench_x.py --more")
     results = record.load_results(path)
     assert [r.values["workload"] for r in results.rows] == ["a", "b"]
     assert [c.key for c in results.columns] == ["workload", "speed", "extra"]
     for row in results.rows:
         assert row.machine and row.date and isinstance(row.load_average, float)
-    record.append_rows("bench_x", [dict(workload="c")], **kwargs, load_average="0.4-1.2")
+    assert [r.source for r in results.rows] == ["bench_x.py", "bench_x.py --more"]
+    record.append_rows("bench_x", [dict(workload="c")], source="x", load_average="0.4-1.2")
     assert record.load_results(path).rows[-1].load_average == "0.4-1.2"
     assert "| b | 2 | 3 |" in tables.render(results)
 
