@@ -100,6 +100,37 @@ def regime_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+SUMMARY_SETTINGS = ("domains4", "clinc_domains10", "banking77", "clinc_intents150")
+SAMPLE_TEXT = {"heads": "MoL2's training set", "contextual": "Contextual MoL's subsample",
+               "l0": "L0's subsample", "full": "whole training split"}
+
+
+def summary_table(rows: list[dict], baselines: list[dict]) -> str:
+    """Accuracy per router and reference row (columns: the settings, fewest options first):
+    the routers' seed mean +- std; the TF-IDF baseline and the probes (deterministic) with the
+    number of training rows they saw."""
+    lines = ["| router or reference | " + " | ".join(SUMMARY_SETTINGS) + " |",
+             "|---|" + "---|" * len(SUMMARY_SETTINGS)]
+    by_card: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by_card.setdefault(f"{r['router']} on {r['model']}", {})[r["setting"]] = r
+    for name, found in by_card.items():
+        lines.append(f"| {name} | " + " | ".join(
+            f"{100 * found[s]['accuracy_mean']:.1f} +- {100 * found[s]['accuracy_std']:.1f}%"
+            if s in found else "-" for s in SUMMARY_SETTINGS) + " |")
+    by_ref: dict[str, dict[str, dict]] = {}
+    for b in baselines:
+        label = ("TF-IDF + logistic regression, " + SAMPLE_TEXT[b["sample"]]
+                 if b["method"] == "tfidf_logreg" else
+                 "linear probe, " + b["method"].removeprefix("probe_").replace("_L", " layer "))
+        by_ref.setdefault(label, {})[b["setting"]] = b
+    for name, found in by_ref.items():
+        lines.append(f"| {name} | " + " | ".join(
+            f"{100 * found[s]['accuracy']:.1f}% ({found[s]['num_train']:,})"
+            if s in found else "-" for s in SUMMARY_SETTINGS) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     train_args = None
@@ -109,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cards", type=Path, default=Path("scenarios/router_cards"))
     parser.add_argument("--out", type=Path, default=Path("out/bench/routers.json"))
+    parser.add_argument("--baselines", type=Path, default=Path("data/routers/baselines.json"),
+                        help="reference rows (python -m engine_ext.routers.baselines)")
     args = parser.parse_args(argv)
     if train_args is not None:
         from engine_ext.routers.train import main as train
@@ -120,12 +153,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = [row for c in cards for row in card_rows(c)]
     regimes = [row for c in cards for row in regime_rows(c)]
-    text = table(rows)
+    baselines = (json.loads(args.baselines.read_text())["rows"]
+                 if args.baselines.exists() else [])
+    text = ("Test accuracy per setting (routers: mean +- std over their seeds; references: "
+            "one deterministic fit, training rows in brackets):\n"
+            + summary_table(rows, baselines) + "\n\n" + table(rows))
     if regimes:
         text += "\n\nMoL2 training regimes (test accuracy):\n" + regime_table(regimes)
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"routers": rows, "regimes": regimes}, indent=2) + "\n")
+    args.out.write_text(json.dumps({"routers": rows, "regimes": regimes,
+                                        "references": baselines}, indent=2) + "\n")
     args.out.with_suffix(".md").write_text(text + "\n")
     print(f"\nwrote {args.out} and {args.out.with_suffix('.md')}")
     return 0

@@ -27,6 +27,10 @@ CED_CHUNK = 256
 chunk of a 2,000-byte Contextual-MoL pass (150 option names) costs ~7x the chunked pass."""
 
 
+POOLED_CHUNK = 500
+"""Texts per cached file of pooled states."""
+
+
 class Backbone:
     """A frozen model as the routers see it."""
 
@@ -38,7 +42,13 @@ class Backbone:
 
     @torch.no_grad()
     def pooled(self, texts: tuple[str, ...], batch: int = 32) -> torch.Tensor:
-        """Mean-pooled routing-layer state per text [N, D], batched by length, disk-cached."""
+        """Mean-pooled routing-layer state per text [N, D], batched by length, disk-cached in
+        chunks of POOLED_CHUNK texts (a pass over a full training split resumes where it
+        stopped)."""
+        return torch.cat([self._pooled_chunk(texts[i : i + POOLED_CHUNK], batch)
+                          for i in range(0, len(texts), POOLED_CHUNK)])
+
+    def _pooled_chunk(self, texts: tuple[str, ...], batch: int) -> torch.Tensor:
         digest = hashlib.sha256(f"{self.stamp}|k={self.layer}".encode())
         for t in texts:
             digest.update(t.encode() + b"\x1f")

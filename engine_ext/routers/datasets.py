@@ -72,6 +72,18 @@ class RoutingSet:
         return {"train": self.train, "val": self.val, "test": self.test}[name]
 
 
+def source_name(dataset: str, path: Path) -> str:
+    """How a card names a data file: the dataset and its path relative to $MOLCAP_DATA_DIR
+    (the full copies) or to the repository (the slices), never this machine's absolute path."""
+    path = Path(path).resolve()
+    full = full_text_dir()
+    for root, label in ((full.parent.resolve() if full else None, "MOLCAP_DATA_DIR"),
+                        (REPO_TEXT_DIR.parents[1], "repository")):
+        if root is not None and path.is_relative_to(root):
+            return f"{dataset} ({label}/{path.relative_to(root).as_posix()})"
+    return f"{dataset} ({path.name})"
+
+
 def readable(name: str) -> str:
     """'credit_cards' -> 'credit cards'."""
     return name.replace("_", " ")
@@ -138,7 +150,8 @@ def clinc_sets(root: Path, per_intent: dict[str, int | None], seed: int = 0
         return RoutingSplit(s.texts, tuple(domain_names.index(domain_of[intent_names[i]])
                                            for i in s.labels))
 
-    sources = (str(path), str(root / "clinc150" / "domains.json"))
+    sources = (source_name("CLINC150", path),
+               source_name("CLINC150", root / "clinc150" / "domains.json"))
     intents = RoutingSet("clinc_intents150", intent_names,
                          tuple(readable(i) for i in intent_names), splits["train"], splits["val"],
                          splits["test"], sources)
@@ -167,7 +180,8 @@ def banking77_set(root: Path, per_class: dict[str, int | None], seed: int = 0) -
     splits = [_per_class(items, per_class.get(s), seed, folder / f"{s}.csv", s)
               for s, items in (("train", train), ("val", val), ("test", test))]
     return RoutingSet("banking77", names, tuple(readable(n) for n in names), *splits,
-                      (str(folder / "train.csv"), str(folder / "test.csv")))
+                      (source_name("BANKING77", folder / "train.csv"),
+                       source_name("BANKING77", folder / "test.csv")))
 
 
 def _snippets(text: str, min_chars: int = 40, max_chars: int = 160) -> list[str]:

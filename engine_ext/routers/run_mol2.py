@@ -19,6 +19,8 @@ from planner.router_card import DecisionWork, SettingResult
 STEPS = 100
 """Training steps of the regimes (per stage), the shuffled-label control and, by default, a
 setting's heads."""
+BATCH = 64
+"""Pooled queries per training step."""
 HEAD_SHAPE = {"d_head": 64, "num_heads": 4, "option_depth": 2}
 """The vLLM plugin's RouterConfig defaults, so a card's head loads there as is."""
 
@@ -39,7 +41,10 @@ def train_seeds(d_model: int, tasks: list[PointerTask], seeds: list[int], steps:
     for seed in seeds:
         start = time.perf_counter()
         head = create_head(d_model, seed, **HEAD_SHAPE)
-        train_pointer(head, tasks, steps=steps, seed=seed)
+        losses = train_pointer(head, tasks, steps=steps, seed=seed, batch=BATCH)
+        curve = [round(sum(losses[i : i + 25]) / len(losses[i : i + 25]), 3)
+                 for i in range(0, len(losses), 25)]
+        print(f"  seed {seed}: training loss per 25 steps {curve}", flush=True)
         seconds.append(time.perf_counter() - start)
         heads.append(head)
     return heads, seconds
@@ -92,20 +97,31 @@ def _timers(backbone: Backbone, head: PointerHead, routing_set: RoutingSet,
 
 
 def mol2_setting(backbone: Backbone, routing_set: RoutingSet, seeds: list[int],
-                 heads_dir: Path, grid: tuple[int, ...] = ()) -> tuple[SettingResult, PointerHead]:
-    """Train one head per seed (for `grid`'s length with the best validation accuracy, else
-    STEPS), test each, time seed 0's; returns the row and seed 0's head."""
+                 heads_dir: Path, grid: tuple[int, ...] = (),
+                 timed: SettingResult | None = None) -> tuple[SettingResult, PointerHead]:
+    """Train one head per seed (for `grid`'s length with the best validation accuracy, its one
+    length, else STEPS), test each, time seed 0's (or keep the decision times of `timed`, a
+    row measured before on the same head shape and options); returns the row and seed 0's
+    head."""
     tasks = mol2_tasks(backbone, routing_set)
-    steps, val = choose_steps(backbone.d_model, tasks, grid) if grid else (STEPS, {})
+    steps, val = (choose_steps(backbone.d_model, tasks, grid) if len(grid) > 1
+                  else (grid[0] if grid else STEPS, {}))
     heads, seconds = train_seeds(backbone.d_model, [tasks["train"]], seeds, steps)
     accs = [accuracy(h, tasks["test"]) for h in heads]
-    print(f"mol2 {backbone.name} {routing_set.name}: validation {val}, {steps} steps; test "
-          f"accuracy per seed {[round(a, 4) for a in accs]}", flush=True)
+    print(f"mol2 {backbone.name} {routing_set.name}: {len(tasks['train'].labels)} training "
+          f"queries, validation {val}, {steps} steps of {BATCH} "
+          f"({steps * BATCH / len(tasks['train'].labels):.1f} epochs); test accuracy per seed "
+          f"{[round(a, 4) for a in accs]}", flush=True)
     save_head(heads[0], heads_dir / f"mol2_{backbone.name}_{routing_set.name}.safetensors")
-    in_engine, standalone, n = _timers(backbone, heads[0], routing_set, tasks["test"])
-    decision = measure(in_engine, n, "mean-pool of the layer-k states the request's prefill "
-                       "already computed + pointer head over cached option embeddings")
-    alone = measure(standalone, n, "prefill of the user turn to layer k + pool + pointer head")
+    if timed is None:
+        in_engine, standalone, n = _timers(backbone, heads[0], routing_set, tasks["test"])
+        decision = measure(in_engine, n, "mean-pool of the layer-k states the request's "
+                           "prefill already computed + pointer head over cached option "
+                           "embeddings")
+        alone = measure(standalone, n, "prefill of the user turn to layer k + pool + pointer "
+                        "head")
+    else:
+        decision, alone = timed.decision, timed.standalone
     work = DecisionWork(num_prefill_tokens=0, num_decode_tokens=0,
                         num_head_params=num_params(heads[0]),
                         num_tokens_per_option=float(tasks["test"].option_mask.sum(1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import shlex
 import sys
 import time
@@ -35,11 +36,17 @@ VLLM_SETTING = "clinc_domains10"
 ALL_SETTINGS = ("domains4", "clinc_domains10", "clinc_intents150", "banking77")
 
 
+LOCK_DIR = CACHE_DIR / "locks"
+"""Where the card locks live: outside the cards' folder, so no lock file lands in the repo."""
+
+
 @contextmanager
 def _locked(path: Path):
-    """An exclusive lock beside `path` (runs of different settings merge into one card)."""
+    """An exclusive lock on `path` (runs of different settings merge into one card)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
+    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+    LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    with open(LOCK_DIR / f"{path.stem}-{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -108,10 +115,10 @@ def run_mol2(args, sets, backbone, card_name: str, router_key: str) -> None:
     goes to data/routers for the vLLM test."""
     from engine_ext.routers import run_mol2 as m
 
-    rows = []
+    rows, timed = [], _timed_rows(args, card_name)
     for name in args.settings:
         row, head = m.mol2_setting(backbone, sets[name], args.seeds, CACHE_DIR / "heads",
-                                   tuple(args.mol2_steps))
+                                   tuple(args.mol2_steps), timed.get(name))
         rows.append(row)
         if name == VLLM_SETTING and backbone.name == MODEL_NAME:
             m.save_head(head, args.heads / f"mol2_smollm2_{name}.safetensors")
@@ -121,11 +128,25 @@ def run_mol2(args, sets, backbone, card_name: str, router_key: str) -> None:
             m.save_head(control[0], args.heads / f"mol2_smollm2_{name}_shuffled.safetensors")
     _card(card_name, "mol2", backbone.name, backbone.layer, rows[0].work.num_head_params, args,
           rows, f"pointer head {m.HEAD_SHAPE}, query standardised per feature, AdamW lr 2e-3 "
-          f"one-cycle, batches of 64 pooled routing-layer states, "
+          f"one-cycle, batches of {m.BATCH} pooled routing-layer states, "
+          f"{_train_sizes(sets, args.settings)}, "
           + (f"steps per setting chosen among {args.mol2_steps} by seed 0's validation "
              "accuracy (printed in the log; the test split is not looked at)"
              if args.mol2_steps else f"{m.STEPS} steps per setting"),
           [sets[n] for n in args.settings])
+
+
+def _train_sizes(sets, names) -> str:
+    return "training queries " + ", ".join(f"{n} {len(sets[n].train)}" for n in names)
+
+
+def _timed_rows(args, card_name: str) -> dict:
+    """With --keep-timings: the decision times of the card's existing rows, by setting (the
+    accuracy is re-measured, the timing is not: a loaded machine's times would be noise)."""
+    path = args.cards / f"{card_name}.json"
+    if not args.keep_timings or not path.exists():
+        return {}
+    return {row.setting: row for row in load_router_card(path).settings}
 
 
 def run_mol2_regimes(args, sets, backbone, wait_s: float = 3600) -> None:
@@ -199,12 +220,18 @@ def main(argv: list[str] | None = None) -> None:
                         help="labelled text (default: $MOLCAP_DATA_DIR/text if set, else "
                              "the repository's data/text slices)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--train-per-class", type=int, default=None,
+                        help="training rows per class of CLINC150 and BANKING77 (default: "
+                             "settings.CLINC_PER_INTENT's)")
+    parser.add_argument("--keep-timings", action="store_true",
+                        help="MoL2: keep the decision times of the card's existing rows "
+                             "instead of timing again")
     args = parser.parse_args(argv)
     args.command = "python -m engine_ext.routers.train " + shlex.join(sys.argv[1:] if argv is None
                                                                       else argv)
     torch.set_num_threads(args.threads)
     args.hardware = hardware()
-    sets = load_settings(args.text_dir or default_text_dir())
+    sets = load_settings(args.text_dir or default_text_dir(), args.train_per_class)
     start = time.time()
     if {"mol2", "mol2_regimes", "contextual_smollm2", "l0"} & set(args.routers):
         from engine_ext.routers.backbones import smollm2_backbone

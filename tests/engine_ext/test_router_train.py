@@ -51,3 +51,24 @@ def test_the_rebuild_runs_the_commands_the_shipped_cards_record():
     # mol2_regimes adds a table to the MoL2 card and records no command of its own
     made = {command_text(r) for chain in CHAINS for r in chain if "mol2_regimes" not in r}
     assert recorded == made
+
+
+def test_cards_name_their_data_relative_to_the_data_dir_and_no_lock_is_left_in_the_repo(
+        tmp_path, monkeypatch):
+    from engine_ext.routers import train
+    from engine_ext.routers.datasets import source_name
+
+    monkeypatch.setenv("MOLCAP_DATA_DIR", str(tmp_path / "data"))
+    full = tmp_path / "data" / "text" / "clinc150" / "data_full.json"
+    assert source_name("CLINC150", full) == \
+        "CLINC150 (MOLCAP_DATA_DIR/text/clinc150/data_full.json)"
+    cards = sorted(Path("scenarios/router_cards").glob("*.json"))
+    assert cards and not list(Path("scenarios/router_cards").glob("*.lock"))
+    for path in cards:
+        for source in load_router_card(path).data_sources:
+            assert not source.startswith("/") and "/work/" not in source, (path, source)
+    monkeypatch.setattr(train, "LOCK_DIR", tmp_path / "locks")
+    with train._locked(tmp_path / "cards" / "x.json"):
+        pass
+    assert not list((tmp_path / "cards").iterdir())
+    assert len(list((tmp_path / "locks").iterdir())) == 1

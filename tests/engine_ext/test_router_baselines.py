@@ -1,0 +1,64 @@
+"""The reference rows of the router table: the TF-IDF baseline and the linear probe train on the
+repository's slices, score well above chance, and fall to chance when the labels are shuffled."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from engine_ext.ced.engine import CEDEngine
+from engine_ext.ced.model import CEDForCausalLM
+from engine_ext.config import get_preset
+from engine_ext.data import REPO_TEXT_DIR
+from engine_ext.routers.backbones import POOLED_CHUNK, ced_backbone
+from engine_ext.routers.baselines import probe_backbone, tfidf_baseline
+from engine_ext.routers.datasets import RoutingSplit, clinc_sets, domains4_set
+
+
+def _shuffled(split: RoutingSplit) -> RoutingSplit:
+    labels = list(split.labels)
+    random.Random(1).shuffle(labels)
+    return RoutingSplit(split.texts, tuple(labels))
+
+
+def test_tfidf_baseline_learns_clinc_domains_from_the_slice_and_not_from_shuffled_labels():
+    domains10, _ = clinc_sets(REPO_TEXT_DIR, {"train": None, "val": None, "test": None})
+    found = tfidf_baseline(domains10)
+    assert (found.num_train, found.num_test, found.num_options) == (450, 300, 10)
+    assert found.accuracy > 0.6  # chance 0.1
+    control = tfidf_baseline(domains10, _shuffled(domains10.train))
+    assert control.accuracy < 0.2
+
+
+def _ced_backbone(tmp_path):
+    torch.manual_seed(0)
+    engine = CEDEngine(CEDForCausalLM(get_preset("tiny").model_copy(update={"vocab_size": 260}))
+                       .eval())
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"stamp")  # the cache key reads its size and mtime only
+    return ced_backbone(engine, weights, tmp_path / "states")
+
+
+def test_linear_probe_reads_the_label_from_pooled_states_and_not_from_shuffled_labels(tmp_path):
+    backbone = _ced_backbone(tmp_path)
+    domains = domains4_set({"train": 40, "val": 1, "test": 20}, max_bytes=40_000)
+    found = probe_backbone(backbone, domains)
+    assert found.method == f"probe_ced-small_L{backbone.layer}"
+    assert (found.num_train, found.num_test) == (160, 80)
+    assert found.accuracy > 0.45  # chance 0.25: bytes of code, licences and chat differ
+    control = probe_backbone(backbone, type(domains)(
+        domains.name, domains.options, domains.descriptions, _shuffled(domains.train),
+        domains.val, domains.test, domains.sources))
+    assert control.accuracy < 0.35
+
+
+@torch.no_grad()
+def test_pooled_states_are_cached_in_chunks_that_equal_one_pass(tmp_path):
+    backbone = _ced_backbone(tmp_path)
+    texts = tuple(f"text number {i}" for i in range(POOLED_CHUNK + 3))
+    chunked = backbone.pooled(texts)
+    assert len(list((tmp_path / "states").glob("pooled_*.pt"))) == 2
+    tail = backbone.pooled(texts[POOLED_CHUNK:])  # the second chunk, read back from its file
+    torch.testing.assert_close(tail, chunked[POOLED_CHUNK:])
+    torch.testing.assert_close(chunked[:3], backbone.pooled(texts[:3]), rtol=1e-5, atol=1e-5)
