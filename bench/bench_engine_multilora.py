@@ -6,7 +6,8 @@ A small random Llama (decoder-only runner) decodes one token for each of `batch`
 adapters are spread round-robin over `distinct` adapters. All-token LoRA pays one grouped low-rank
 pair per distinct adapter in every decode step; prefill-only adapters (LoRA_P, DiReFT_P) leave
 decode tokens on the base weights, so their step time should stay at the base model's. Prints a
-table and writes out/bench/engine_multilora.json. Not a timed test.
+table, writes out/bench/engine_multilora.json and appends the rows to
+bench/results/bench_engine_multilora.json. Not a timed test.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +25,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from engine_ext.decoder_only import DecoderOnlyEngine
 from engine_ext.lora import LoraSpec, random_lora
 from engine_ext.reft import ReftSpec, random_reft
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.record import append_rows  # noqa: E402
 
 KINDS = ("base", "lora", "lora_p", "direft_p")
 
@@ -90,7 +95,9 @@ def main(argv: list[str] | None = None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {k: getattr(args, k) for k in ("batch", "hidden", "layers", "rank", "prompt", "steps")}
     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    command = "bench/bench_engine_multilora.py " + " ".join(argv or sys.argv[1:])
+    results = append_rows("bench_engine_multilora", [meta | r for r in rows], source=command)
+    print(f"wrote {args.out}; appended to {results}")
 
 
 if __name__ == "__main__":

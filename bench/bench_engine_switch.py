@@ -5,13 +5,13 @@
 Random weights, `ced40_scaled` preset (40 layers, W=128). The history grows in place (prefilled
 once, in chunks), and at each length the session switches adapters both ways: bounded replay of the
 last W positions, and a full recompute of the whole context under the target. Prints a table and
-writes out/bench/engine_switch.json. Not a timed test: numbers depend on the machine. The full
-recompute is O(T^2) in the indexer, so by default it is measured up to 4k tokens only
-(--max-recompute, printed under the table); growing the history to 16k itself takes minutes on a
-small CPU. Replay should stay roughly flat: its only context-dependent work is the four decoder
-index layers scoring every global-KV entry (one [W, d_index] x [d_index, N] product and a top-k).
-Runs on one thread by default (--threads): on a shared CPU, more threads than free cores makes
-timings swing by several times; the 1-minute load average is recorded with the results.
+writes out/bench/engine_switch.json (rows appended to bench/results/). Not a timed test: numbers
+depend on the machine. The full recompute is O(T^2) in the indexer, so by default it is measured up
+to 4k tokens only (--max-recompute, printed under the table); growing the history to 16k itself
+takes minutes on a small CPU. Replay should stay roughly flat: its only context-dependent work is
+the four decoder index layers scoring every global-KV entry (one [W, d_index] x [d_index, N] product
+and a top-k). Runs on one thread by default (--threads): on a shared CPU, more threads than free
+cores makes timings swing by several times; the 1-minute load average is recorded with the results.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -29,6 +30,9 @@ from engine_ext.ced.engine import CEDEngine
 from engine_ext.ced.model import CEDForCausalLM
 from engine_ext.config import get_preset
 from engine_ext.lora import LoraSpec, random_lora
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.record import append_rows  # noqa: E402
 
 
 def build_engine(preset: str) -> CEDEngine:
@@ -134,7 +138,12 @@ def main(argv: list[str] | None = None) -> None:
             "chunk": args.chunk, "loadavg_1m_start": load_before,
             "loadavg_1m_end": os.getloadavg()[0], "cpu_count": os.cpu_count()}
     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    results = append_rows(
+        "bench_engine_switch", [{"preset": args.preset, "threads": meta["threads"]}
+                                | {k: v for k, v in r.items() if k != "loadavg_1m"} for r in rows],
+        source="bench/bench_engine_switch.py " + " ".join(argv or sys.argv[1:]),
+        load_average=f"{load_before:.1f}-{meta['loadavg_1m_end']:.1f}")
+    print(f"wrote {args.out}; appended to {results}")
 
 
 if __name__ == "__main__":
