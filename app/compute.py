@@ -11,9 +11,9 @@ from __future__ import annotations
 import streamlit as st
 
 from app import state
-from planner.analysis import run_comparisons
-from planner.dashboard import SimTables, is_simulated, simulate_scenario
-from planner.scenario import Scenario
+from planner.jobs.dashboard import SimTables, is_simulated, simulate_scenario
+from planner.predict.analysis import run_comparisons
+from planner.scenario.schema import Scenario
 
 WORKERS = 1
 """Processes a what-if simulation runs on. The strategies are independent points, but on this

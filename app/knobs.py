@@ -1,6 +1,6 @@
 """The sidebar: pick or upload a scenario, and the main what-if knobs as form widgets.
 
-Each knob writes its field into the open scenario's YAML text (`planner.editing`), so the
+Each knob writes its field into the open scenario's YAML text (`planner.scenario.editing`), so the
 editor, the download and every page see the same scenario; a knob whose value the scenario
 rejects shows the located message under it.
 """
@@ -12,11 +12,17 @@ from pathlib import Path
 import streamlit as st
 
 from app import state
-from planner.capacity import gpu_specs
-from planner.dashboard import WHATIF_MAX_TURNS, select_strategies, whatif_cut
-from planner.editing import field_spec, field_value, num_adapters, set_field, set_num_adapters
-from planner.loading import ScenarioError
-from planner.scenario import Scenario
+from planner.jobs.dashboard import WHATIF_MAX_TURNS, select_strategies, whatif_cut
+from planner.scenario.editing import (
+    field_spec,
+    field_value,
+    num_adapters,
+    set_field,
+    set_num_adapters,
+)
+from planner.scenario.loading import ScenarioError
+from planner.scenario.schema import Scenario
+from planner.search.strategy_plan import gpu_specs
 
 WORKLOAD_KNOBS = {
     "conversations": (

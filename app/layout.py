@@ -9,7 +9,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import knobs, state
-from planner.scenario import Scenario
+from planner.scenario.schema import Scenario
 
 PAGES = (
     ("main.py", "Overview", ":material/dashboard:"),

@@ -10,9 +10,9 @@ from __future__ import annotations
 import streamlit as st
 
 from app import compute, layout, state
-from planner.dashboard import pricing, recommendation, stored_plan
-from planner.figures import sim_latency_figure
-from sim.figures import throughput_figure
+from planner.jobs.dashboard import pricing, recommendation, stored_plan
+from planner.outputs.plan_figures import sim_latency_figure
+from planner.outputs.sim_figures import throughput_figure
 
 SUMMARY_COLUMNS = (
     "strategy", "turns_per_s", "output_tokens_per_s", "goodput_turns_per_s", "slo_attainment",

@@ -1,8 +1,8 @@
 """The dashboard's session: which scenario text is open, and the validated scenario it gives.
 
 The YAML text is the one source of truth. The form knobs and the editor both write into it, and
-every page reads the scenario back through `current()`, validated by `planner.loading` exactly
-as `molcap validate` validates a file (same located messages).
+every page reads the scenario back through `current()`, validated by `planner.scenario.loading`
+exactly as `molcap validate` validates a file (same located messages).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from planner.loading import ScenarioError, scenario_from_file_text
-from planner.scenario import Scenario
+from planner.scenario.loading import ScenarioError, scenario_from_file_text
+from planner.scenario.schema import Scenario
 
 DEFAULT_SCENARIO = "scenarios/default.yaml"
 TEXT, SOURCE = "scenario_text", "scenario_source"

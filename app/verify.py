@@ -2,9 +2,9 @@
 
 Composes the two halves that never import each other: the planner resolves each strategy's
 planned deployment into one replica's scenario, vLLM arguments and workload
-(`planner.verify`), the engine side starts vLLM and replays that workload open loop
+(`planner.verify.prepare`), the engine side starts vLLM and replays that workload open loop
 (`calibrate.verify_engine`), and the planner predicts the same requests on the KV pool the
-engine resolved and checks every SLO on the measurements (`planner.verify_checks`).
+engine resolved and checks every SLO on the measurements (`planner.verify.checks`).
 
 Each strategy's run is a point in the points store (OUT/points): Ctrl-C stops the engine, keeps
 the requests that finished (OUT/partial/<key>.json) and a rerun resumes at the first strategy
@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.verify import (
+from planner.verify.checks import VerifyResult, strategy_entry, summarize
+from planner.verify.prepare import (
     SUPPORTED_KINDS,
     TINY_MODEL,
     PlannedDeployment,
@@ -32,7 +33,6 @@ from planner.verify import (
     predict_replay,
     replica_scenario,
 )
-from planner.verify_checks import VerifyResult, strategy_entry, summarize
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def measure_strategy(scenario, planned: PlannedDeployment, options: VerifyOption
         measure,
         replay_conversations,
     )
-    from planner.simulation import create_workload
+    from planner.predict.simulation import create_workload
 
     index = planned.index
     point = replica_scenario(scenario, planned, options.num_requests)
@@ -123,9 +123,9 @@ def run_verify(scenario_path: Path, plan_path: Path | None, out: Path, options: 
     """Verify every selected strategy (resuming finished ones from OUT/points); write
     OUT/verify.json and OUT/verify.html; the result (exit status: `missed_slos`)."""
     from calibrate.verify_engine import check_engine_installed
-    from planner.loading import load_scenario
-    from planner.points import PointStore, PointTask, content_digest, run_points
-    from planner.report import file_name, write_atomic
+    from planner.scenario.loading import load_scenario
+    from sim.io.files import file_name, write_atomic
+    from sim.io.points import PointStore, PointTask, content_digest, run_points
 
     scenario = load_scenario(scenario_path)
     device = resolve_device(scenario, options.device)
@@ -167,8 +167,8 @@ def run_verify(scenario_path: Path, plan_path: Path | None, out: Path, options: 
 
 def write_outputs(result: VerifyResult, scenario, out: Path) -> None:
     """OUT/verify.json (everything but the per-request records and steps) and verify.html."""
-    from planner.report import write_atomic
-    from planner.verify_report import verify_html
+    from planner.outputs.verify_report import verify_html
+    from sim.io.files import write_atomic
 
     data = dict(scenario=result.scenario, strategies=result.strategies, skipped=result.skipped,
                 failed=result.failed, missed_slos=result.missed_slos)

@@ -53,10 +53,10 @@ def verify(
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from app.verify import VerifyOptions, run_verify
     from calibrate.verify_engine import EngineMissing
-    from planner.loading import ScenarioError, load_scenario
-    from planner.report import file_name
-    from planner.verify import PlanMismatch
-    from planner.verify_report import terminal_text
+    from planner.outputs.verify_report import terminal_text
+    from planner.scenario.loading import ScenarioError, load_scenario
+    from planner.verify.prepare import PlanMismatch
+    from sim.io.files import file_name
 
     try:
         name = load_scenario(scenario).name

@@ -26,9 +26,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from planner.dashboard import WHATIF_MAX_TURNS, simulate_scenario, whatif_cut
-from planner.editing import set_field
-from planner.loading import scenario_from_file_text
+from planner.jobs.dashboard import WHATIF_MAX_TURNS, simulate_scenario, whatif_cut
+from planner.scenario.editing import set_field
+from planner.scenario.loading import scenario_from_file_text
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL_S = 5.0
@@ -40,7 +40,7 @@ def _serve(folder: Path) -> tuple[subprocess.Popen, str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     process = subprocess.Popen(
-        [sys.executable, "-m", "planner.cli", "app", "--port", str(port), "--address",
+        [sys.executable, "-m", "app.cli", "app", "--port", str(port), "--address",
          "127.0.0.1", "--out", str(folder / "out")], cwd=folder,
         env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from calibrate import jobs  # noqa: E402
-from planner.profiles import load_profile, profile_path  # noqa: E402
+from sim.cost.profile import load_profile, profile_path  # noqa: E402
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ it mutates), so the checkout is never touched. Rows go to bench/results/bench_mu
 survivors of the run.
 
     nice -n 19 python bench/bench_mutation.py                  # every module, 100 mutants each
-    nice -n 19 python bench/bench_mutation.py --modules planner/slo.py --sample 0  # all of one
+    nice -n 19 python bench/bench_mutation.py --modules planner/search/slo.py --sample 0  # all
 """
 
 from __future__ import annotations
@@ -37,13 +37,15 @@ sys.path.insert(0, str(ROOT))
 from bench.record import append_rows, load_results, results_dir  # noqa: E402
 
 MODULES = {
-    "sim/cost_model.py": ["tests/sim/test_cost_model.py"],
-    "sim/kv_blocks.py": ["tests/sim/test_kv_blocks.py"],
-    "sim/step_pricer.py": ["tests/sim/test_mixed_step_prices.py",
-                           "tests/sim/test_guarded_rules.py"],
-    "planner/search.py": ["tests/planner/test_search.py", "tests/planner/test_search_rules.py",
-                          "tests/planner/test_fast_search.py", "tests/planner/test_slo_rules.py"],
-    "planner/slo.py": ["tests/planner/test_slo_rules.py"],
+    "sim/cost/cost_model.py": ["tests/sim/test_cost_model.py"],
+    "sim/memory/kv_blocks.py": ["tests/sim/test_kv_blocks.py"],
+    "sim/engine/step_pricer.py": ["tests/sim/test_mixed_step_prices.py",
+                                  "tests/sim/test_guarded_rules.py"],
+    "planner/search/slo_search.py": ["tests/planner/test_search.py",
+                                     "tests/planner/test_search_rules.py",
+                                     "tests/planner/test_fast_search.py",
+                                     "tests/planner/test_slo_rules.py"],
+    "planner/search/slo.py": ["tests/planner/test_slo_rules.py"],
 }
 """Module -> its own tests (only these run against its mutants)."""
 COPIED = ("sim", "planner", "tests", "scenarios", "pyproject.toml")

@@ -24,10 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from planner.loading import load_scenario
-from planner.plan_points import plan_point, scenario_tasks
-from planner.points import PointStore, run_points
-from planner.sweep_run import run_sweep
+from planner.jobs.strategy_points import plan_point, scenario_tasks
+from planner.jobs.sweep import run_sweep
+from planner.scenario.loading import load_scenario
+from sim.io.points import PointStore, run_points
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from planner.router_card import RouterCard, load_router_card
+from sim.strategies.router_card import RouterCard, load_router_card
 
 
 def card_rows(card: RouterCard) -> list[dict]:

@@ -28,12 +28,14 @@ import multiprocessing as mp
 import os
 import platform
 import resource
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 OUT = Path(__file__).resolve().parents[1] / "out" / "bench" / "sim.json"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # sim_configs
 
 
 MOONCAKE_RATE_SCALE = 0.1
@@ -48,8 +50,8 @@ def mooncake_workload(num_requests: int):
     prefixes as the trace does, never with another copy."""
     from dataclasses import replace
 
-    from sim.traces import TRACES_DIR, trace_workload
-    from sim.workloads import HashIds
+    from sim.workload.generate import HashIds
+    from sim.workload.traces import TRACES_DIR, trace_workload
 
     base = trace_workload(np.random.default_rng(0),
                           TRACES_DIR / "mooncake_fast25" / "conversation_trace.jsonl",
@@ -77,7 +79,7 @@ def mooncake_workload(num_requests: int):
 
 
 def _workload(kind: str, num_requests: int):
-    from sim.workloads import conversation_workload, punica_workload
+    from sim.workload.generate import conversation_workload, punica_workload
 
     rng = np.random.default_rng(0)
     if kind == "mooncake":
@@ -93,8 +95,9 @@ def _workload(kind: str, num_requests: int):
 
 
 def _case(kind: str, num_requests: int, mode: str, queue) -> None:
+    from sim_configs import small_config
+
     from sim.simulate import simulate
-    from sim.testing import small_config
 
     workload = _workload(kind, num_requests)
     config = small_config("multi_lora", mode=mode, max_num_seqs=32, max_loras=8,

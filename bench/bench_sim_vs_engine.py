@@ -35,13 +35,13 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from vllm_helpers import NUM_LAYERS, TARGETS, VOCAB, create_llm, save_adapter, tiny_llama  # noqa: E402
 
-from sim.catalogue import get_gpu, get_model  # noqa: E402
 from sim.config import AdapterSpec, EngineLimits, SimConfig, StrategySpec  # noqa: E402
-from sim.cost_model import default_coeffs  # noqa: E402
-from sim.memory_model import kv_bytes_per_token  # noqa: E402
-from sim.placement import adapter_placements, kv_layout  # noqa: E402
+from sim.cost.cost_model import default_coeffs  # noqa: E402
+from sim.cost.memory_model import kv_bytes_per_token  # noqa: E402
+from sim.hardware.catalogue import get_gpu, get_model  # noqa: E402
 from sim.simulate import simulate  # noqa: E402
-from sim.workloads import punica_workload  # noqa: E402
+from sim.strategies.placement import adapter_placements, kv_layout  # noqa: E402
+from sim.workload.generate import punica_workload  # noqa: E402
 
 NUM_ADAPTERS, RANK, OUTPUT_TOKENS = 8, 8, 16
 ENGINE = dict(max_num_seqs=32, max_num_batched_tokens=2048, max_loras=8, block_size=32)

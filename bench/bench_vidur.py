@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # sim_configs
 OUT = ROOT / "out" / "bench"
 VENV = ROOT / ".cache" / "vidur-venv"
 PROFILES = ROOT / "data" / "vidur_profiles" / "profiling_data"
@@ -78,9 +79,10 @@ def run_vidur(python: Path, workdir: Path, trace: Path) -> dict:
 
 def molcap_config():
     """The same deployment in molcap: Llama-2-70B geometry, 2x A100-80GB, base model."""
-    from sim.catalogue import get_gpu, get_model
+    from sim_configs import strategy_for
+
     from sim.config import EngineLimits, SimConfig
-    from sim.testing import strategy_for
+    from sim.hardware.catalogue import get_gpu, get_model
 
     arch = get_model("llama-3.1-70b").model_copy(update=dict(
         name="llama-2-70b", vocab_size=32000, max_context_tokens=4096))
@@ -96,7 +98,7 @@ def molcap_case(arrival_path: str) -> None:
     """Child process: simulate the trace, print one JSON line."""
     t0 = time.perf_counter()
     from sim.simulate import simulate
-    from sim.workloads import single_turn_workload
+    from sim.workload.generate import single_turn_workload
 
     imported = time.perf_counter()
     arrival = np.load(arrival_path)

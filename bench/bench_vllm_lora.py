@@ -4,8 +4,8 @@
 
 One engine (tiny random Llama, float32, eager, max_num_seqs=32, max_loras=8, LoRA on) serves
 every configuration, FCFS, greedy, fixed output length. Prompts follow Punica's lognormal
-(sim.workloads.punica_workload); each request gets one of N adapters, uniform or skewed (Zipf 1).
-"lora" adapters act on every token, "lora_p" copies of the same weights are prefill-only,
+(sim.workload.generate.punica_workload); each request gets one of N adapters, uniform or skewed
+(Zipf 1). "lora" adapters act on every token, "lora_p" copies of the same weights are prefill-only,
 "direft_p" are DiReFT_P edits (rank 8, every layer, prompt positions only). Routing:
 "in_engine" sends requests without an adapter and the plugin's router picks one after layer k in
 the same prefill; "outside" first sends each prompt for one token (a router's own prefill to
@@ -42,7 +42,7 @@ from engine_ext.reft_io import save_reft_adapter  # noqa: E402
 from engine_ext.vllm_plugin.config import CONFIG_ENV  # noqa: E402
 from engine_ext.vllm_plugin.router import create_pointer_head  # noqa: E402
 from engine_ext.vllm_plugin.runtime import reset_state  # noqa: E402
-from sim.workloads import punica_workload  # noqa: E402
+from sim.workload.generate import punica_workload  # noqa: E402
 
 ROUTE_LAYER = 1
 NUM_ROUTED = 4

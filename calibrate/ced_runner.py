@@ -15,12 +15,12 @@ from pathlib import Path
 
 from calibrate.host_allocator import keep_freed_memory
 from calibrate.recorder import StepSample
-from sim.catalogue import get_model
+from sim.hardware.catalogue import get_model
 
 PRESET = "small"
 ADAPTER_MODULES = ("gate_proj", "up_proj", "down_proj")
 CED_SMALL_ARCH = get_model("ced-small")
-"""The profiled preset as the simulator prices it (sim.catalogue)."""
+"""The profiled preset as the simulator prices it (sim.hardware.catalogue)."""
 
 
 def ced_probe_grid(num_repeats: int, quick: bool = False) -> list[dict]:
@@ -126,7 +126,7 @@ def profile_ced(store_dir: Path, *, num_repeats: int = 3, quick: bool = False,
                 on_progress=None) -> dict:
     """Run every CED probe not yet in `store_dir`; records by key."""
     from calibrate.runner import probe_key
-    from planner.points import PointStore, PointTask, progress_counter, run_points
+    from sim.io.points import PointStore, PointTask, progress_counter, run_points
 
     tasks = [PointTask(probe_key("ced", p), p) for p in ced_probe_grid(num_repeats, quick)]
     session = CedSession()
@@ -145,7 +145,7 @@ def _write_meta(path: Path, session: CedSession) -> None:
     from importlib.metadata import version
 
     from calibrate.recorder import load_average, machine_fingerprint
-    from planner.report import write_atomic
+    from sim.io.files import write_atomic
 
     meta = dict(engine=dict(name="molcap-ced", version=version("molcap"),
                             settings=dict(preset=PRESET, max_loras=2, max_lora_rank=8,
@@ -160,12 +160,12 @@ def _write_meta(path: Path, session: CedSession) -> None:
 
 def ced_group_profiles(num_head_params: int) -> dict:
     """Cost profile per CED sample group on the `cpu` entry."""
-    from sim.catalogue import get_gpu
-    from sim.cost_profile import create_cost_profile
+    from sim.cost.layer_costs import create_layer_costs
+    from sim.hardware.catalogue import get_gpu
 
     decoder = range(CED_SMALL_ARCH.ced.num_encoder_layers + 1, CED_SMALL_ARCH.num_layers)
     placements = [(i, m) for i in decoder for m in ADAPTER_MODULES]
-    lora = create_cost_profile(CED_SMALL_ARCH, get_gpu("cpu"), adapter_kind="lora",
+    lora = create_layer_costs(CED_SMALL_ARCH, get_gpu("cpu"), adapter_kind="lora",
                                adapter_rank=8, adapter_placements=placements,
                                num_head_params=num_head_params,
                                lora_wrapped_placements=placements)
@@ -176,10 +176,10 @@ def fit_ced(root: Path, *, name: str, out_dir: Path):
     """Fit the CED samples under `root` into OUT_DIR/NAME.yaml; (path, profile)."""
     import json
 
+    from calibrate.commands import current_command, recorded_profile_command
     from calibrate.fitter import DEFAULT_TERMS, create_calibration_profile, fit, write_profile
-    from calibrate.jobs import _command, recorded_profile_command
     from calibrate.recorder import load_samples, split_held_out
-    from sim.cost_model import DEFAULT_COEFFS
+    from sim.cost.cost_model import DEFAULT_COEFFS
 
     meta = json.loads((root / "ced.json").read_text())
     samples = [s for s in load_samples(root / "samples") if s.group.startswith("ced_")]
@@ -198,7 +198,7 @@ def fit_ced(root: Path, *, name: str, out_dir: Path):
         result, name=name, model=CED_SMALL_ARCH.name, engine=meta["engine"],
         hardware=meta["hardware"], packages=meta["packages"], num_samples=len(samples),
         load_average=meta["load_average"],
-        commands=(recorded_profile_command(root), _command()),
+        commands=(recorded_profile_command(root), current_command()),
         description="torch CED engine, preset 'small' (fp32, one thread): prefill, decode, "
                     "bounded replay and pointer-head routing; engine thread CPU seconds")
     path = Path(out_dir) / f"{name}.yaml"
@@ -231,7 +231,7 @@ def measure_switch(contexts=(128, 512, 1024), num_repeats: int = 3) -> list[dict
 
 def predict_switch(coeffs, way: str, context: int, num_head_params: int = 0) -> float:
     """The cost model's seconds for one switch (one step per 512-token prefill chunk)."""
-    from sim.cost_model import create_step_batch, predict_step
+    from sim.cost.cost_model import create_step_batch, predict_step
 
     profile = ced_group_profiles(num_head_params)["ced_replay"]
     arch = CED_SMALL_ARCH

@@ -1,7 +1,7 @@
 """Least-squares fit of cost-model coefficients to measured step samples.
 
 `fit(samples, model_terms, profiles, start=...) -> FitResult` moves the named `CostCoeffs` fields
-(inside the ranges their pydantic fields allow) so that `sim.cost_model.predict_step` matches
+(inside the ranges their pydantic fields allow) so that `sim.cost.cost_model.predict_step` matches
 the measured step seconds: least squares over soft-L1 residuals of each step's error relative
 to its kind of step, each kind weighed alike (see `_bucket_scales`), scipy's trust-region
 reflective solver. The
@@ -18,8 +18,8 @@ from annotated_types import Ge, Gt, Le
 from scipy.optimize import least_squares
 
 from calibrate.recorder import StepSample
-from sim.cost_model import CostCoeffs, predict_step
-from sim.cost_profile import CostProfile
+from sim.cost.cost_model import CostCoeffs, predict_step
+from sim.cost.layer_costs import LayerCosts
 
 DEFAULT_TERMS = (
     "gemm_flops_efficiency", "attention_flops_efficiency", "memory_bandwidth_efficiency",
@@ -61,7 +61,7 @@ def _bounds(name: str) -> tuple[float, float]:
 
 
 def predict_samples(coeffs: CostCoeffs, samples: list[StepSample],
-                    profiles: dict[str, CostProfile]) -> np.ndarray:
+                    profiles: dict[str, LayerCosts]) -> np.ndarray:
     """Predicted seconds of each sample under `coeffs`."""
     return np.array([predict_step(coeffs, profiles[s.group],
                                   s.batch(profiles[s.group].num_layers)).total_s
@@ -93,7 +93,7 @@ def _term_shares(coeffs, samples, profiles) -> dict[str, float]:
 
 
 def fit(samples: list[StepSample], model_terms: tuple[str, ...],
-        profiles: dict[str, CostProfile], *, start: CostCoeffs | None = None,
+        profiles: dict[str, LayerCosts], *, start: CostCoeffs | None = None,
         held_out: list[StepSample] = ()) -> FitResult:
     """Fit `model_terms` (CostCoeffs field names) to `samples`; `profiles` maps each sample
     group to the cost profile it was measured on; `held_out` samples are only scored."""
@@ -210,21 +210,21 @@ def _scores(coeffs, train, test, profiles) -> list[dict]:
 
 
 def group_profiles(arch, gpu, *, adapter_rank: int, adapter_placements,
-                   ranks=(16, 32)) -> dict[str, CostProfile]:
+                   ranks=(16, 32)) -> dict[str, LayerCosts]:
     """Cost profile of each vLLM sample group: base on an engine without LoRA; LoRA and LoRA_P
     on a LoRA engine (LoRA_P's decode tokens are marked unadapted in the samples), also at
     other max_lora_rank values ("lora_r16"); DiReFT_P by its own shapes (every layer edited)
     on a LoRA engine, whose LoRA wrapper runs for every token although none is LoRA-adapted."""
-    from sim.cost_profile import LORA_MODULES, create_cost_profile
+    from sim.cost.layer_costs import LORA_MODULES, create_layer_costs
 
-    out = {"base": create_cost_profile(arch, gpu)}
+    out = {"base": create_layer_costs(arch, gpu)}
     for rank in (adapter_rank, *ranks):
-        lora = create_cost_profile(arch, gpu, adapter_kind="lora", adapter_rank=rank,
+        lora = create_layer_costs(arch, gpu, adapter_kind="lora", adapter_rank=rank,
                                    adapter_placements=list(adapter_placements))
         suffix = "" if rank == adapter_rank else f"_r{rank}"
         out["lora" + suffix] = out["lora_p" + suffix] = lora
     wrapped = [(i, m) for i in range(arch.num_layers) for m in LORA_MODULES]
-    out["direft_p"] = create_cost_profile(
+    out["direft_p"] = create_layer_costs(
         arch, gpu, adapter_kind="direft", adapter_rank=adapter_rank,
         adapter_placements=[(i, "residual") for i in range(arch.num_layers)],
         lora_wrapped_placements=wrapped)
@@ -266,7 +266,7 @@ def create_calibration_profile(result: FitResult, *, name: str, model: str, engi
     """The profile file's model from a fit and where its samples came from."""
     import datetime as dt
 
-    from sim.calibration_profile import CalibrationProfile, FitErrorRow, FitSummary
+    from sim.cost.profile import CalibrationProfile, FitErrorRow, FitSummary
 
     summary = FitSummary(fitted_terms=result.terms, stderr=result.stderr,
                          errors=tuple(FitErrorRow(**row) for row in result.errors),
@@ -286,7 +286,7 @@ def write_profile(profile, path) -> None:
 
     import yaml
 
-    from planner.report import write_atomic
+    from sim.io.files import write_atomic
 
     data = profile.model_dump(mode="json")
     text = yaml.safe_dump(data, sort_keys=False, width=100)

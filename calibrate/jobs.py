@@ -9,10 +9,14 @@ the error table (markdown + JSON).
 from __future__ import annotations
 
 import json
-import shlex
-import sys
 from pathlib import Path
 
+from calibrate.commands import (
+    PROFILE_COMMAND_FILE,
+    current_command,
+    profile_command,
+    recorded_profile_command,
+)
 from calibrate.fitter import (
     DEFAULT_TERMS,
     DIREFT_TERMS,
@@ -39,35 +43,9 @@ from calibrate.verify_samples import verify_samples
 VLLM_GROUPS = ("base", "lora", "lora_p", "direft_p", "lora_r16", "lora_r32")
 
 
-def _command() -> str:
-    return "molcap calibrate " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-
-
 RANK_GRID = (16, 32)
 """max_lora_rank values profiled on their own engines beside rank 8 (LoRA only, fewer probes
 and one repeat: the rank changes the adapter terms' shapes, not the scheduler)."""
-
-
-PROFILE_COMMAND_FILE = "profile-command.txt"
-"""Under a samples root: the profile command that measured it, for the fitted profile's
-`commands:` record (the fit cannot know the profile's flags otherwise)."""
-
-
-def profile_command(out: Path, *, engine: str, device: str, gpu_kind: str, num_repeats: int,
-                    quick: bool) -> str:
-    """The `molcap calibrate profile` command with every flag spelled out: the one the CLI,
-    the Slurm script and the Ray job run for these arguments."""
-    return (f"molcap calibrate profile --engine {engine} --device {device} --gpu-kind "
-            f"{gpu_kind} --repeats {num_repeats}{' --quick' if quick else ''} --out "
-            + shlex.quote(str(out)))
-
-
-def recorded_profile_command(root: Path) -> str:
-    """The profile command recorded under a samples root (the last one run there)."""
-    path = Path(root) / PROFILE_COMMAND_FILE
-    if not path.exists():  # samples profiled before the command was recorded
-        return f"molcap calibrate profile --out {root} (its other flags were not recorded)"
-    return path.read_text().strip()
 
 
 def profile(out: Path, *, engine: str = "all", device: str = "cpu", gpu_kind: str = "cpu",
@@ -117,8 +95,8 @@ def fit(root: Path, *, name: str, out_dir: Path, engine: str = "vllm",
         from calibrate.ced_runner import fit_ced
 
         return fit_ced(Path(root), name=name, out_dir=Path(out_dir))
-    from sim.catalogue import get_gpu, get_model
-    from sim.cost_model import CostCoeffs
+    from sim.cost.cost_model import CostCoeffs
+    from sim.hardware.catalogue import get_gpu, get_model
 
     root = Path(root)
     meta = _meta(root, "vllm-lora")
@@ -145,7 +123,7 @@ def fit(root: Path, *, name: str, out_dir: Path, engine: str = "vllm",
         result, name=name, model="vllm-tiny-llama", engine=meta["engine"],
         hardware=meta["hardware"], packages=meta["packages"], num_samples=len(samples),
         load_average=meta["load_average"], adapter_loads=load_summary,
-        commands=(recorded_profile_command(root), _command()),
+        commands=(recorded_profile_command(root), current_command()),
         description="vLLM step times of the tiny float32 Llama (4 layers, hidden 256): base, "
                     "LoRA/LoRA_P on q/v/o/down at max_lora_rank 8 (LoRA also 16, 32), DiReFT_P "
                     "on every layer; adapter slot loads; the engine thread's CPU seconds")
@@ -163,7 +141,7 @@ def validate(profile_, out: Path, *, num_repeats: int = 3, num_requests: int = 4
     return run_validation(profile_, Path(out), num_repeats=num_repeats,
                           num_requests=num_requests, clock=clock, quick=quick,
                           on_progress=on_progress or (lambda label: None),
-                          command=command or _command(), load_at_start=load_average())
+                          command=command or current_command(), load_at_start=load_average())
 
 
 def calibrate_kind(kind: str, device: str, engine: str, out: str, repeats: int,

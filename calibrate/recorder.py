@@ -2,7 +2,7 @@
 
 A `StepSample` holds the features the cost model prices (per item: new tokens, context, adapter,
 whether the adapter applies, layer range, replay; routing decisions) and the seconds the engine
-took. Probes store their samples in the planner's points store (`planner.points`), one JSON file
+took. Probes store their samples in the planner's points store (`sim.io.points`), one JSON file
 per finished probe, so an interrupted profile keeps what it measured. `machine_fingerprint()`
 says where they were measured.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.points import PointStore
-from sim.cost_model import StepBatch, create_step_batch
+from sim.cost.cost_model import StepBatch, create_step_batch
+from sim.io.points import PointStore
 
 
 @dataclass(frozen=True)

@@ -311,7 +311,7 @@ def write_engine_meta(path: Path, session: VllmSession) -> None:
     """Record where and on what the samples are measured (next to the samples folder)."""
     import json
 
-    from planner.report import write_atomic
+    from sim.io.files import write_atomic
 
     write_atomic(path, json.dumps(engine_meta(session), indent=2).encode("utf-8"))
 
@@ -329,7 +329,7 @@ def profile_vllm(work_dir: Path, store_dir: Path, spec: VllmEngineSpec, *,
                  adapter_counts=ADAPTER_COUNTS) -> dict:
     """Run every probe not yet in `store_dir` on one engine (a running `session`, else one
     started here and stopped after); returns the records by key."""
-    from planner.points import PointStore, PointTask, progress_counter, run_points
+    from sim.io.points import PointStore, PointTask, progress_counter, run_points
 
     engine = engine_name(spec)
     grid = vllm_probe_grid(kinds, num_repeats, spec.max_loras, quick, adapter_counts,

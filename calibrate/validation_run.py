@@ -28,7 +28,7 @@ KINDS = ("base", "lora", "lora_p")
 def validation_workloads(num_requests: int, *, quick: bool = False) -> list[v.ValidationWorkload]:
     """Punica mixes x adapters for LoRA and LoRA_P, base, an Azure conversation-trace slice and
     multi-turn conversations; seeds differ from every fitting probe (those are uniform batches)."""
-    from sim.traces import TRACES_DIR
+    from sim.workload.traces import TRACES_DIR
 
     rate = 12.0
     punica = [("identical", 1), ("uniform", 8), ("skewed", 8), ("distinct", 8),
@@ -74,7 +74,7 @@ def replay_group_profiles(spec: VllmEngineSpec) -> dict:
     """Cost profile of each replay step group ("base", "lora", "lora_p") on the cpu entry."""
     from calibrate.fitter import group_profiles
     from calibrate.runner import TARGETS
-    from sim.catalogue import get_gpu, get_model
+    from sim.hardware.catalogue import get_gpu, get_model
 
     arch = get_model("vllm-tiny-llama")
     return group_profiles(arch, get_gpu(spec.gpu_kind), adapter_rank=spec.max_lora_rank,
@@ -136,7 +136,7 @@ def run_drift_factor(record: dict, coeffs, profiles) -> float | None:
 def _measure(out: Path, spec: VllmEngineSpec, workloads, num_repeats: int, clock: str,
              hook) -> tuple[dict, int]:
     """Runs of `workloads` on one engine: {(name, repeat): summary}, and its KV blocks."""
-    from planner.points import PointStore, PointTask, progress_counter, run_points
+    from sim.io.points import PointStore, PointTask, progress_counter, run_points
 
     tasks = [PointTask(re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{w.name}-r{r}"),
                        dict(workload=i, repeat=r))
@@ -226,7 +226,7 @@ PROFILE_VALIDATION_FIELDS = ("workload", "metric", "measured_median", "run_sprea
 
 def profile_validation(report: dict) -> dict:
     """The part of a validation report the planner's intervals read
-    (`planner.intervals`): what was validated where, and each row's error. Kept beside the
+    (`planner.predict.intervals`): what was validated where, and each row's error. Kept beside the
     profile as `<name>.validation.json` (copy it there from OUT)."""
     keep = ("profile", "created_utc", "clock", "num_repeats", "num_requests", "machine",
             "validation_engine", "command", "load_average_1min_during_runs", "goals")
@@ -240,8 +240,8 @@ def _ced_switch(out: Path, num_repeats: int, on_progress) -> list[dict]:
     import numpy as np
 
     from calibrate.ced_runner import measure_switch, predict_switch
-    from planner.points import PointStore
-    from planner.profiles import PROFILES_DIR, load_profile
+    from sim.cost.profile import PROFILES_DIR, load_profile
+    from sim.io.points import PointStore
 
     path = PROFILES_DIR / "cpu-ced-small.yaml"
     if not path.exists():

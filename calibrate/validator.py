@@ -40,9 +40,9 @@ def _tokens(rng, n: int) -> tuple[int, ...]:
 def punica_validation_workload(kind: str, popularity: str, num_adapters: int, *,
                                num_requests: int, rate_per_s: float | None, seed: int,
                                num_output_tokens: int = 16) -> ValidationWorkload:
-    """Punica's mix (sim.workloads.punica_workload) with Poisson arrivals at `rate_per_s`
+    """Punica's mix (sim.workload.generate.punica_workload) with Poisson arrivals at `rate_per_s`
     (None: every request at t=0, the offline throughput benchmark)."""
-    from sim.workloads import punica_workload
+    from sim.workload.generate import punica_workload
 
     rng = np.random.default_rng(seed)
     work = punica_workload(rng, num_requests=num_requests, num_adapters=num_adapters,
@@ -60,8 +60,9 @@ def punica_validation_workload(kind: str, popularity: str, num_adapters: int, *,
 def trace_validation_workload(kind: str, path, *, num_requests: int, rate_scale: float,
                               length_scale: float, num_adapters: int,
                               seed: int) -> ValidationWorkload:
-    """The first rows of a trace (sim.traces), lengths scaled to fit the tiny model's context."""
-    from sim.traces import trace_workload
+    """The first rows of a trace (sim.workload.traces), lengths scaled to fit the tiny model's
+    context."""
+    from sim.workload.traces import trace_workload
 
     rng = np.random.default_rng(seed)
     work = trace_workload(rng, path, num_domains=num_adapters, fmt="csv",
@@ -172,7 +173,7 @@ def goal_summary(rows: list[dict], error_key: str = "error") -> list[dict]:
 
 def sim_workload(w: ValidationWorkload):
     """The workload as simulator arrays (prompt = history + user tokens, as the replay sends)."""
-    from sim.workloads import Workload
+    from sim.workload.generate import Workload
 
     convs = sorted(w.conversations, key=lambda c: c.arrival_s)
     turns = [t for c in convs for t in c.turns]
@@ -190,9 +191,9 @@ def sim_workload(w: ValidationWorkload):
 def sim_config(w: ValidationWorkload, coeffs, spec, num_kv_blocks: int, *, num_layers: int = 4,
                targets=("q_proj", "v_proj", "o_proj", "down_proj")):
     """SimConfig of the tiny model on the `cpu` entry under the engine's own limits."""
-    from sim.catalogue import get_gpu, get_model
     from sim.config import AdapterSpec, EngineLimits, SimConfig, StrategySpec
-    from sim.placement import kv_layout
+    from sim.hardware.catalogue import get_gpu, get_model
+    from sim.strategies.placement import kv_layout
 
     arch = get_model("vllm-tiny-llama")
     placements = tuple((i, m) for i in range(num_layers) for m in targets)
@@ -216,7 +217,7 @@ def sim_config(w: ValidationWorkload, coeffs, spec, num_kv_blocks: int, *, num_l
 
 
 def _shape(arch, module):
-    from sim.model_shapes import module_shape
+    from sim.cost.model_shapes import module_shape
 
     return module_shape(arch, module, 0)
 

@@ -31,20 +31,20 @@ def load_verify_runs(run: Path) -> list[dict]:
 
 
 def cost_profile_from_json(raw: dict):
-    """A `sim.cost_profile.CostProfile` from the JSON `planner.verify.cost_profile_json`
+    """A `sim.cost.layer_costs.LayerCosts` from the JSON `planner.verify.prepare.cost_profile_json`
     wrote."""
-    from sim.cost_profile import CostProfile
-    from sim.specs import GpuSpec
+    from sim.cost.layer_costs import LayerCosts
+    from sim.hardware.specs import GpuSpec
 
     values = {}
-    for f in fields(CostProfile):
+    for f in fields(LayerCosts):
         value = raw[f.name]
         if isinstance(value, dict) and "array" in value:
             value = np.array(value["array"], dtype=value["dtype"])
         elif f.name == "gpu":
             value = GpuSpec.model_validate(value)
         values[f.name] = value
-    return CostProfile(**values)
+    return LayerCosts(**values)
 
 
 def verify_samples(run: Path, gpu_kind: str) -> tuple[list[StepSample], dict]:

@@ -6,8 +6,8 @@ The GPU measurement slices (data/gpu) are cut by `data/cut_gpu_slices.py`, calle
 
 Rows are copied byte for byte (the first N data rows, the header kept); ServeGen's per-client
 rate series are reduced to one mean rate per client, computed exactly as
-`sim.traces.servegen_client_rates` computes it from the full files. Licence files are copied
-beside the data. Rerunning it reproduces the shipped files.
+`sim.workload.traces.servegen_client_rates` computes it from the full files. Licence files are
+copied beside the data. Rerunning it reproduces the shipped files.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def cut_rows(source: Path, target: Path, rows: int, header: bool) -> None:
 def cut_servegen(source: Path, target: Path) -> None:
     """One row per ServeGen client: its id and mean request rate over the 14 days."""
     sys.path.insert(0, str(HERE.parent))
-    from sim.traces import servegen_client_rates
+    from sim.workload.traces import servegen_client_rates
 
     files = sorted(source.glob("chunk-*-trace.csv"), key=lambda p: int(p.stem.split("-")[1]))
     rates = servegen_client_rates(source)

@@ -2,7 +2,7 @@
 
 `SimConfig` holds the model, GPU, engine limits, a sim-level strategy description, the cluster
 layout, the cost coefficients and the bounds that keep a run from hanging. The planner builds it
-from a Scenario (planner/simulation.py); the simulator never sees the scenario schema.
+from a Scenario (planner/predict/simulation.py); the simulator never sees the scenario schema.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sim.cost_model import CostCoeffs
-from sim.placement import KvLayout, kv_layout
-from sim.specs import GpuSpec, ModelArch
+from sim.cost.cost_model import CostCoeffs
+from sim.hardware.specs import GpuSpec, ModelArch
+from sim.strategies.placement import KvLayout, kv_layout
 
 StrategyKind = Literal[
     "base", "multi_lora", "preft", "mol", "contextual_mol", "mol2", "multi_agent"
@@ -94,8 +94,8 @@ class StrategySpec(_Frozen):
     """Name in reports."""
     kv_layout: KvLayout | None = None
     """Shared KV with bounded replay, per-adapter KV with re-prefill, one copy, or one model per
-    domain: decided by where the adapters sit (`sim.placement.kv_layout`), never by `kind`.
-    None: derived from the model and `adapter_placements` when the SimConfig is built."""
+    domain: decided by where the adapters sit (`sim.strategies.placement.kv_layout`), never by
+    `kind`. None: derived from the model and `adapter_placements` when the SimConfig is built."""
     adapters: tuple[AdapterSpec, ...] = ()
     """Domain adapters; workload domain d uses adapter d mod len(adapters)."""
     adapter_kind: Literal["lora", "direft", "none"] = "none"

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from sim.engine.sequence import Sequence
 from sim.records import RecordTable
-from sim.sequence import Sequence
 
 HOPS = ("answer", "route", "summary", "routing_prefill", "prefill", "decode")
 

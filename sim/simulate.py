@@ -13,18 +13,18 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from sim.cluster import Router, replica_groups
 from sim.config import SimConfig, StrategySpec
-from sim.cost_model import adapter_load_s, routing_decision_s
-from sim.cost_profile import CostProfile, create_cost_profile
-from sim.disaggregation import Disaggregation
-from sim.engine import Engine
-from sim.memory_model import memory_breakdown
+from sim.cost.cost_model import adapter_load_s, routing_decision_s
+from sim.cost.layer_costs import LayerCosts, create_layer_costs
+from sim.cost.memory_model import memory_breakdown
+from sim.engine.cluster import Router, replica_groups
+from sim.engine.disaggregation import Disaggregation
+from sim.engine.replica import Replica, SimulationError, StepCounter
+from sim.engine.scheduler import Engine
+from sim.engine.step_pricer import StepPricer
 from sim.metrics import MetricsRecorder, summarize
-from sim.replica import Replica, SimulationError, StepCounter
-from sim.step_pricer import StepPricer
-from sim.turns import TurnDriver
-from sim.workloads import Workload, with_reply_scale
+from sim.strategies.turns import TurnDriver
+from sim.workload.generate import Workload, with_reply_scale
 
 
 class SimInputError(ValueError):
@@ -71,15 +71,15 @@ def resolve_num_kv_blocks(config: SimConfig) -> int:
 def in_engine_decision_floor_s(s: StrategySpec) -> float:
     """A measured decision time of a head that runs inside the answer's prefill step (MoL2 in
     the engine): the head's GPU time in that step is at least this. Routers with a pass of their
-    own wait it out instead (`sim.turns`)."""
+    own wait it out instead (`sim.strategies.turns`)."""
     in_engine = s.kind == "mol2" and s.routing == "in_engine"
     return (s.measured_decision_time_s or 0.0) if in_engine else 0.0
 
 
-def create_profile(config: SimConfig) -> CostProfile:
+def create_profile(config: SimConfig) -> LayerCosts:
     """The cost profile of the strategy's model and adapter shape."""
     s = config.strategy
-    return create_cost_profile(
+    return create_layer_costs(
         config.arch, config.gpu, config.tensor_parallel_size, adapter_kind=s.adapter_kind,
         adapter_rank=s.adapter_rank, adapter_placements=list(s.adapter_placements),
         num_head_params=s.num_head_params, min_decision_s=in_engine_decision_floor_s(s))
@@ -164,7 +164,7 @@ def _gc_paused():
             gc.enable()
 
 
-def _routing_gpu_seconds(config: SimConfig, profile: CostProfile, turns: pd.DataFrame,
+def _routing_gpu_seconds(config: SimConfig, profile: LayerCosts, turns: pd.DataFrame,
                          summary: dict) -> dict:
     """GPU-seconds the router costs: its passes' share of the steps they ran in, plus an
     in-engine head's time inside the answer prefill, times the GPUs of a replica."""

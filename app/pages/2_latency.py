@@ -5,8 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from app import compute, layout
-from planner.figures import sim_latency_figure
-from sim.figures import (
+from planner.outputs.plan_figures import sim_latency_figure
+from planner.outputs.sim_figures import (
     hop_breakdown_figure,
     latency_cdf_figure,
     switch_cost_figure,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import compute, layout
-from sim.figures import (
+from planner.outputs.sim_figures import (
     adapter_activity_figure,
     adapter_residency_figure,
     kv_namespace_figure,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import compute, layout
-from planner.figures import COMPARISON_FIGURES
+from planner.outputs.plan_figures import COMPARISON_FIGURES
 
 TITLES = {
     "switch_cost": "Cost of one domain switch vs context",

@@ -7,8 +7,8 @@ from __future__ import annotations
 import streamlit as st
 
 from app import layout, state
-from planner.dashboard import PlanJob, PlanTables, plan_headline, stored_plan
-from planner.figures import pareto_figure, plan_figure
+from planner.jobs.dashboard import PlanJob, PlanTables, plan_headline, stored_plan
+from planner.outputs.plan_figures import pareto_figure, plan_figure
 
 JOB = "plan_job"
 PLAN_COLUMNS = ("strategy", "gpu", "num_gpus", "tensor_parallel_size", "num_replicas",

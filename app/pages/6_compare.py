@@ -5,10 +5,10 @@ from __future__ import annotations
 import streamlit as st
 
 from app import compute, knobs, layout, state
-from planner.dashboard import COMPARED_METRICS, compare_summaries
-from planner.editing import field_value, set_field
-from planner.figures import variants_figure
-from planner.loading import ScenarioError
+from planner.jobs.dashboard import COMPARED_METRICS, compare_summaries
+from planner.outputs.plan_figures import variants_figure
+from planner.scenario.editing import field_value, set_field
+from planner.scenario.loading import ScenarioError
 
 
 def _variant_ui(scenario) -> tuple[str, object]:
@@ -20,7 +20,7 @@ def _variant_ui(scenario) -> tuple[str, object]:
     path = fields[label]
     now = field_value(scenario, path)
     if path == "hardware.gpu":
-        from planner.capacity import gpu_specs
+        from planner.search.strategy_plan import gpu_specs
 
         gpus = sorted(gpu_specs(scenario))
         value = st.selectbox("to", gpus, index=gpus.index(now) if now in gpus else 0,

@@ -8,9 +8,14 @@ from pathlib import Path
 import streamlit as st
 
 from app import layout, state
-from planner.figures import COMPARISON_FIGURES, pareto_figure, plan_figure, sweep_figure
-from planner.outputs import list_output_folders, load_output_folder, sweep_parameters
-from sim.figures import latency_cdf_figure, throughput_figure
+from planner.outputs.plan_figures import (
+    COMPARISON_FIGURES,
+    pareto_figure,
+    plan_figure,
+    sweep_figure,
+)
+from planner.outputs.saved import list_output_folders, load_output_folder, sweep_parameters
+from planner.outputs.sim_figures import latency_cdf_figure, throughput_figure
 
 
 def _run(tables: dict) -> None:

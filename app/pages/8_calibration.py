@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from app import layout, state
-from planner.dashboard import pricing
+from planner.jobs.dashboard import pricing
 
 VALIDATION_FILES = (Path("docs/validation.md"), Path("docs/validation.json"))
 

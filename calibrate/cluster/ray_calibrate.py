@@ -17,7 +17,7 @@ from pathlib import Path
 
 RAY_TO_CATALOGUE = {"H100": "H100-SXM", "H200": "H200", "A100": "A100-80GB",
                     "A100-80G": "A100-80GB", "H20": "H20"}
-"""Ray's accelerator_type names -> sim.catalogue GPU kinds."""
+"""Ray's accelerator_type names -> sim.hardware.catalogue GPU kinds."""
 
 
 def gpu_kinds(resources: dict) -> list[str]:

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 CATALOGUE_TO_RAY = {"H100-SXM": "H100", "H200": "H200", "A100-80GB": "A100", "H20": "H20"}
-"""sim.catalogue GPU kinds -> Ray's accelerator_type names."""
+"""sim.hardware.catalogue GPU kinds -> Ray's accelerator_type names."""
 FILES = ("verify.json", "verify.html")
 
 

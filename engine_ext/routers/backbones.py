@@ -20,7 +20,8 @@ from engine_ext.routers.contextual import StateFn
 from engine_ext.routing import mean_pool, pad_token_lists
 
 CED_MODEL_NAME = "ced-small"
-"""The catalogue name (sim.catalogue) of engine_ext's small CED preset that engine_ext.train
+"""The catalogue name (sim.hardware.catalogue) of engine_ext's small CED preset that
+engine_ext.train
 trains: router cards on it plug into contextual_mol and mol2 strategies on that model."""
 CED_CHUNK = 256
 """Chunk of the CED routing pass: the local attention is computed densely per chunk, so one

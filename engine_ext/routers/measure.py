@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from engine_ext.routers.datasets import RoutingSet, fingerprint
-from planner.router_card import DecisionTime, DecisionWork, Hardware, SettingResult
+from sim.strategies.router_card import DecisionTime, DecisionWork, Hardware, SettingResult
 
 BATCH_SIZE = 16
 NUM_TIMED = 30

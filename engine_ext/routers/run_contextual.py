@@ -19,7 +19,7 @@ from engine_ext.routers.measure import measure, setting_result
 from engine_ext.routers.mol2 import num_params
 from engine_ext.routers.settings import short_names, subsample
 from engine_ext.routing import ContextualHead
-from planner.router_card import DecisionWork, SettingResult
+from sim.strategies.router_card import DecisionWork, SettingResult
 
 STEPS = 300
 D_HEAD = 64

@@ -20,7 +20,7 @@ from engine_ext.routers.l0 import (
 from engine_ext.routers.measure import measure, setting_result
 from engine_ext.routers.settings import short_names, subsample
 from engine_ext.train_smollm2 import BASE_MODEL, top_layers_spec
-from planner.router_card import DecisionWork, SettingResult
+from sim.strategies.router_card import DecisionWork, SettingResult
 
 NUM_LAYERS, RANK = 4, 8
 """LoRA on every linear of layers 26-29: above the routing layer k = 25."""

@@ -14,7 +14,7 @@ from engine_ext.routers.datasets import RoutingSet
 from engine_ext.routers.measure import measure, setting_result
 from engine_ext.routers.mol2 import PointerTask, accuracy, create_head, num_params, train_pointer
 from engine_ext.routing import PointerHead, mean_pool
-from planner.router_card import DecisionWork, SettingResult
+from sim.strategies.router_card import DecisionWork, SettingResult
 
 STEPS = 100
 """Training steps of the regimes (per stage), the shuffled-label control and, by default, a

@@ -19,7 +19,7 @@ ROUTE_LAYER = 25
 """k on SmolLM2-135M (30 layers): the domain LoRAs of `train_smollm2` sit on layers 26-29."""
 STATE_CACHE = Path(".cache/engine_ext/routers/states")
 MODEL_NAME = "smollm2-135m"
-"""The catalogue name (sim.catalogue) of SmolLM2-135M-Instruct: router cards carry it."""
+"""The catalogue name (sim.hardware.catalogue) of SmolLM2-135M-Instruct: router cards carry it."""
 
 
 def load_route_engine(route_layer: int = ROUTE_LAYER) -> tuple[DecoderOnlyEngine, object]:

@@ -26,7 +26,7 @@ from engine_ext.data import default_text_dir
 from engine_ext.routers.measure import hardware
 from engine_ext.routers.settings import load_settings
 from engine_ext.routers.states import MODEL_NAME
-from planner.router_card import RegimeResult, RouterCard, load_router_card, write_router_card
+from sim.strategies.router_card import RegimeResult, RouterCard, load_router_card, write_router_card
 
 ROUTERS = ("mol2", "mol2_regimes", "mol2_ced", "contextual_ced", "contextual_smollm2", "l0")
 CARDS_DIR = Path("scenarios/router_cards")

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 
 from engine_ext.forward_context import NO_ADAPTER, build_token_slots
+from engine_ext.vllm_plugin import guards
+from engine_ext.vllm_plugin.direft import ReftStep, reft_rows
 
 
 def _mask(req_ids: np.ndarray, tok_req: np.ndarray, positions: np.ndarray,
@@ -67,3 +69,27 @@ def step_lora_mapping(
         np.arange(len(smp_req)) - smp_starts[smp_req])
     sampled_map = _mask(req_lora_ids, smp_req, smp_pos, num_prompt, is_prefill_only)
     return tuple(int(x) for x in sampled_map), tuple(int(x) for x in token_map)
+
+
+def step_mapping(state, step):
+    """(sampled-token LoRA map, token LoRA map, DiReFT edits) of a step.
+
+    DiReFT adapters get their rows in the edits and LoRA id 0 in both maps.
+    """
+    prompt_map, token_map = step_lora_mapping(
+        step.req_lora_ids, step.num_computed, step.num_scheduled, step.num_prompt,
+        step.num_sampled, lambda lora_id: state.is_prefill_only(step.lora_paths[lora_id]))
+    if not step.reft_ids:
+        return prompt_map, token_map, None
+    tokens = np.asarray(token_map, dtype=np.int64)
+    tok_req, positions = token_positions(step.num_computed, step.num_scheduled)
+    edits = []
+    for lora_id in sorted(step.reft_ids):
+        if not state.support.allows(guards.DIREFT):
+            continue  # the front end rejects these requests; never apply a refused feature
+        weights = state.reft_store.get(step.lora_paths[lora_id], state.model_shape)
+        edits.append((weights, reft_rows(tokens, positions, step.num_prompt[tok_req], lora_id,
+                                         weights)))
+    prompt_map, token_map = (tuple(0 if x in step.reft_ids else x for x in mapping)
+                             for mapping in (prompt_map, token_map))
+    return prompt_map, token_map, ReftStep(edits)

@@ -23,8 +23,8 @@ import numpy as np
 
 from engine_ext.vllm_plugin import guards
 from engine_ext.vllm_plugin.adapters import adapter_file, adapter_version
-from engine_ext.vllm_plugin.direft import ModelShape, ReftStep, apply_edits, reft_rows
-from engine_ext.vllm_plugin.mapping import step_lora_mapping, token_positions
+from engine_ext.vllm_plugin.direft import ModelShape, apply_edits
+from engine_ext.vllm_plugin.mapping import step_mapping
 from engine_ext.vllm_plugin.runtime import RoutePlan, StepState, carried_hash, get_state
 
 logger = logging.getLogger(__name__)
@@ -159,30 +159,6 @@ def _make_set_active_loras(original):
             state.forget(set(getattr(self, "requests", {})))
 
     return set_active_loras
-
-
-def step_mapping(state, step: StepState):
-    """(sampled-token LoRA map, token LoRA map, DiReFT edits) of a step.
-
-    DiReFT adapters get their rows in the edits and LoRA id 0 in both maps.
-    """
-    prompt_map, token_map = step_lora_mapping(
-        step.req_lora_ids, step.num_computed, step.num_scheduled, step.num_prompt,
-        step.num_sampled, lambda lora_id: state.is_prefill_only(step.lora_paths[lora_id]))
-    if not step.reft_ids:
-        return prompt_map, token_map, None
-    tokens = np.asarray(token_map, dtype=np.int64)
-    tok_req, positions = token_positions(step.num_computed, step.num_scheduled)
-    edits = []
-    for lora_id in sorted(step.reft_ids):
-        if not state.support.allows(guards.DIREFT):
-            continue  # the front end rejects these requests; never apply a refused feature
-        weights = state.reft_store.get(step.lora_paths[lora_id], state.model_shape)
-        edits.append((weights, reft_rows(tokens, positions, step.num_prompt[tok_req], lora_id,
-                                         weights)))
-    prompt_map, token_map = (tuple(0 if x in step.reft_ids else x for x in mapping)
-                             for mapping in (prompt_map, token_map))
-    return prompt_map, token_map, ReftStep(edits)
 
 
 def _make_load_lora_model(original):

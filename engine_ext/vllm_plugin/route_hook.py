@@ -58,7 +58,7 @@ def on_route_layer(module, args, output):
     """After layer k: pool the routed requests' states; decide where a decision is due."""
     from vllm.lora.layers import LoRAMapping
 
-    from engine_ext.vllm_plugin.patches import step_mapping
+    from engine_ext.vllm_plugin.mapping import step_mapping
 
     state = get_state()
     step = state.step

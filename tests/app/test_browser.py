@@ -51,7 +51,7 @@ def server(tmp_path_factory):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "planner.cli", "app", "--port", str(port), "--address",
+        [sys.executable, "-m", "app.cli", "app", "--port", str(port), "--address",
          "127.0.0.1", "--out", str(folder / "out")], cwd=folder, env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.run import run_scenario_file
-from planner.sweep_run import run_sweep
+from planner.jobs.run import run_scenario_file
+from planner.jobs.sweep import run_sweep
 from tests.app.conftest import ROOT, no_exceptions, open_app, texts
 
 TINY = """\
@@ -36,7 +36,7 @@ def _write(folder: Path, name: str, text: str) -> str:
 
 
 def _validate_cli(folder: Path, path: str) -> list[str]:
-    done = subprocess.run([sys.executable, "-m", "planner.cli", "validate", path], cwd=folder,
+    done = subprocess.run([sys.executable, "-m", "app.cli", "validate", path], cwd=folder,
                           capture_output=True, text=True, timeout=120,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 2, done.stderr

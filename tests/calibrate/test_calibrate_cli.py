@@ -13,7 +13,7 @@ SHIPPED = REPO / "calibrate" / "profiles" / "cpu-vllm-tiny-llama.yaml"
 
 def molcap(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "100", "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "planner.cli", "calibrate", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "app.cli", "calibrate", *args], cwd=cwd,
                           env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from planner.profiles import load_profile
+from sim.cost.profile import load_profile
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "calibrate" / "cluster"))
@@ -19,7 +19,7 @@ import ray_calibrate  # noqa: E402
 def test_slurm_script_runs_its_cpu_path_and_writes_a_valid_profile(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "DEVICE": "cpu", "ENGINE": "ced",
            "QUICK": "1", "REPEATS": "1", "OUT": str(tmp_path / "samples"),
-           "PROFILES": str(tmp_path / "profiles"), "MOLCAP": f"{sys.executable} -m planner.cli"}
+           "PROFILES": str(tmp_path / "profiles"), "MOLCAP": f"{sys.executable} -m app.cli"}
     done = subprocess.run(["bash", str(REPO / "calibrate/cluster/slurm_calibrate.sbatch")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]

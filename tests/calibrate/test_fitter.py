@@ -7,9 +7,9 @@ import pytest
 
 from calibrate.fitter import fit, predict_samples
 from calibrate.recorder import StepSample, split_held_out
-from sim.catalogue import get_gpu, get_model
-from sim.cost_model import CostCoeffs
-from sim.cost_profile import create_cost_profile
+from sim.cost.cost_model import CostCoeffs
+from sim.cost.layer_costs import create_layer_costs
+from sim.hardware.catalogue import get_gpu, get_model
 
 ARCH = get_model("vllm-tiny-llama")
 GPU = get_gpu("cpu")
@@ -23,8 +23,8 @@ TERMS = ("gemm_flops_efficiency", "attention_flops_efficiency", "memory_bandwidt
          "lora_token_gather_share")
 PLACEMENTS = [(i, m) for i in range(4) for m in ("q_proj", "v_proj", "o_proj", "down_proj")]
 PROFILES = {
-    "base": create_cost_profile(ARCH, GPU),
-    "lora": create_cost_profile(ARCH, GPU, adapter_kind="lora", adapter_rank=8,
+    "base": create_layer_costs(ARCH, GPU),
+    "lora": create_layer_costs(ARCH, GPU, adapter_kind="lora", adapter_rank=8,
                                 adapter_placements=PLACEMENTS),
 }
 

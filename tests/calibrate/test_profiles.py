@@ -6,16 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.loading import ScenarioError, load_scenario
-from planner.profiles import (
-    DEFAULT_PROFILES,
-    PROFILES_DIR,
-    load_profile,
-    pricing_sources,
-    profile_path,
-    resolve_pricing,
-)
-from sim.cost_model import DEFAULT_COEFFS
+from planner.scenario.loading import ScenarioError, load_scenario
+from planner.scenario.pricing import DEFAULT_PROFILES, pricing_sources, resolve_pricing
+from sim.cost.cost_model import DEFAULT_COEFFS
+from sim.cost.profile import PROFILES_DIR, load_profile, profile_path
 
 SHIPPED = PROFILES_DIR / "cpu-vllm-tiny-llama.yaml"
 SCENARIO = """\

@@ -7,12 +7,12 @@ import pytest
 from calibrate.recorder import samples_from_vllm_steps
 from calibrate.step_check import check_steps, replay_steps
 from engine_ext.vllm_plugin.step_timer import StepTiming
-from sim.catalogue import get_gpu, get_model
-from sim.cost_model import CostCoeffs, create_step_batch, predict_step
-from sim.cost_profile import create_cost_profile
+from sim.cost.cost_model import CostCoeffs, create_step_batch, predict_step
+from sim.cost.layer_costs import create_layer_costs
+from sim.hardware.catalogue import get_gpu, get_model
 
 COEFFS = CostCoeffs(step_overhead_s=4e-3)
-PROFILES = {"base": create_cost_profile(get_model("vllm-tiny-llama"), get_gpu("cpu"))}
+PROFILES = {"base": create_layer_costs(get_model("vllm-tiny-llama"), get_gpu("cpu"))}
 # A prefill of 20 tokens, then two decode steps of that request.
 STEPS = [((20,), (0,)), ((1,), (20,)), ((1,), (21,))]
 

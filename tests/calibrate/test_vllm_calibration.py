@@ -11,9 +11,9 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 from calibrate import validator as v  # noqa: E402
 from calibrate.runner import VllmEngineSpec, VllmSession, profile_vllm  # noqa: E402
-from planner.points import PointStore  # noqa: E402
-from planner.profiles import PROFILES_DIR, load_profile  # noqa: E402
-from sim.cost_model import CostCoeffs  # noqa: E402
+from sim.cost.cost_model import CostCoeffs  # noqa: E402
+from sim.cost.profile import PROFILES_DIR, load_profile  # noqa: E402
+from sim.io.points import PointStore  # noqa: E402
 
 SPEC = VllmEngineSpec(num_adapters=12, max_loras=8)
 ASSUMED_BEFORE = CostCoeffs(gemm_flops_efficiency=0.5, attention_flops_efficiency=0.3,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from engine_ext.routers.rebuild import CHAINS, command_text
 from engine_ext.routers.train import _merge
-from planner.router_card import RouterCard, load_router_card
+from sim.strategies.router_card import RouterCard, load_router_card
 
 
 def _card(settings: dict[str, int], training: str, command: str) -> RouterCard:

@@ -43,7 +43,7 @@ def molcap(*args: str, cwd: Path, timeout: float = 300, path_first: Path | None 
     goes on PYTHONPATH before the checkout (to shadow a package)."""
     pythonpath = os.pathsep.join(str(p) for p in (path_first, REPO) if p is not None)
     env = {**os.environ, "PYTHONPATH": pythonpath, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout, **kwargs)
 
 

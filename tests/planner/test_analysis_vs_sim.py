@@ -5,11 +5,11 @@ CED adapters) and the cost of one switch."""
 import numpy as np
 import pytest
 
-from planner.analysis import kv_per_conversation, switch_cost
-from planner.scenario import Scenario
-from planner.simulation import simulate_strategy
-from sim.memory_model import window_state_bytes_per_seq
-from sim.workloads import Workload
+from planner.predict.analysis import kv_per_conversation, switch_cost
+from planner.predict.simulation import simulate_strategy
+from planner.scenario.schema import Scenario
+from sim.cost.memory_model import window_state_bytes_per_seq
+from sim.workload.generate import Workload
 
 CONTEXT = 4096
 ADAPTERS = [{"name": f"d{i}"} for i in range(3)]
@@ -85,7 +85,7 @@ step's chunks, so the two differ by the step's shared overhead (seen: 2.7%)."""
 def test_the_direct_turn_matches_a_simulated_turn_with_the_right_adapter(case, window):
     # The routing table's direct turn (prefill the user turn after the context, with the CED
     # encoder's re-encode of C[-W:] unless it keeps its window, then decode the reply alone).
-    from planner.analysis import routing_overhead
+    from planner.predict.analysis import routing_overhead
     _, hw = CASES[case]
     fixed_route = {"kind": "multi_lora", "adapters": ADAPTERS}  # the right adapter, no router
     s = scenario(fixed_route, **hw)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.capacity import plan_strategy, with_deployment, with_rate, workload_shape
-from planner.loading import scenario_from_text
-from planner.simulation import simulate_strategy
-from planner.slo import slo_violations
+from planner.predict.simulation import simulate_strategy
+from planner.scenario.loading import scenario_from_text
+from planner.search.slo import slo_violations
+from planner.search.strategy_plan import plan_strategy, with_deployment, with_rate, workload_shape
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = """
@@ -74,7 +74,7 @@ def test_unreachable_slo_is_reported_infeasible(scenario):
 
 def _molcap_run(tmp_path: Path, *files: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "planner.cli", "run", *map(str, files), "--out",
+        [sys.executable, "-m", "app.cli", "run", *map(str, files), "--out",
          str(tmp_path / "out"), "--workers", "1"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,  # run from a background job, Ctrl-C would be ignored

@@ -11,8 +11,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-import planner.capacity as capacity
-from planner.capacity import (
+import planner.search.strategy_plan as capacity
+from planner.predict.simulation import simulate_strategy
+from planner.scenario.loading import scenario_from_text
+from planner.search.slo import slo_violations
+from planner.search.strategy_plan import (
     BOUND_SLACK,
     fitting_candidates,
     gpu_prices,
@@ -22,9 +25,6 @@ from planner.capacity import (
     with_rate,
     workload_shape,
 )
-from planner.loading import scenario_from_text
-from planner.simulation import simulate_strategy
-from planner.slo import slo_violations
 
 SCENARIO = """
 name: binds

@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 _SCRIPT = shutil.which("molcap", path=str(Path(sys.executable).parent))
-COMMAND = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "planner.cli"]
+COMMAND = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "app.cli"]
 
 SMALL = """\
 name: small

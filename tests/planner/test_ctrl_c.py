@@ -24,8 +24,8 @@ def _ctrl_c_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-MODULE = [sys.executable, "-m", "planner.cli"]
-SCRIPT = [sys.executable, "-c", "import sys; from planner.launch import main; sys.exit(main())"]
+MODULE = [sys.executable, "-m", "app.cli"]
+SCRIPT = [sys.executable, "-c", "import sys; from app.launch import main; sys.exit(main())"]
 """What the `molcap` console script runs (pyproject.toml [project.scripts])."""
 
 

@@ -1,4 +1,4 @@
-"""planner.editing and planner.dashboard: the thin functions the dashboard calls."""
+"""planner.scenario.editing and planner.jobs.dashboard: the thin functions the dashboard calls."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.dashboard import (
+from planner.jobs.dashboard import (
     compare_summaries,
     plan_headline,
     plan_scenario,
@@ -14,10 +14,10 @@ from planner.dashboard import (
     stored_plan,
     whatif_cut,
 )
-from planner.editing import field_spec, set_field, set_num_adapters
-from planner.loading import ScenarioError, load_scenario, scenario_from_text
-from planner.plan_points import scenario_tasks
-from planner.points import PointStore
+from planner.jobs.strategy_points import scenario_tasks
+from planner.scenario.editing import field_spec, set_field, set_num_adapters
+from planner.scenario.loading import ScenarioError, load_scenario, scenario_from_text
+from sim.io.points import PointStore
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = (ROOT / "scenarios" / "default.yaml").read_text(encoding="utf-8")

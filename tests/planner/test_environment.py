@@ -12,9 +12,9 @@ import pytest
 from planner_helpers import TINY, molcap, write_tiny
 from typer.testing import CliRunner
 
-import planner.report
-from planner.cli import app
-from planner.run import run_scenario_file
+import sim.io.files
+from app.cli import app
+from planner.jobs.run import run_scenario_file
 
 
 def test_an_out_folder_under_a_file_is_one_line(tmp_path):
@@ -36,7 +36,7 @@ def test_a_read_only_or_full_disk_is_one_line(tmp_path, monkeypatch, code):
     def failing_replace(src, dst):
         raise OSError(code, os.strerror(code), str(dst))
 
-    monkeypatch.setattr(planner.report.os, "replace", failing_replace)
+    monkeypatch.setattr(sim.io.files.os, "replace", failing_replace)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["run", str(path), "--out", "out", "--backend", "inline"])
     assert result.exit_code == 2, result.output

@@ -6,10 +6,10 @@ small scenario."""
 import numpy as np
 import pytest
 
-from planner.capacity import plan_strategy
-from planner.loading import scenario_from_text
-from planner.scenario import SloConfig
-from planner.search import Deployment, SearchSpace, min_cost_per_hour, search
+from planner.scenario.loading import scenario_from_text
+from planner.scenario.schema import SloConfig
+from planner.search.slo_search import Deployment, SearchSpace, min_cost_per_hour, search
+from planner.search.strategy_plan import plan_strategy
 
 GPUS = ("H20", "H100-SXM", "H200", "A100-80GB")
 

@@ -12,8 +12,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.loading import ScenarioError, load_scenario
-from sim.traces import TraceError, read_trace
+from planner.scenario.loading import ScenarioError, load_scenario
+from sim.workload.traces import TraceError, read_trace
 
 REPO = Path(__file__).resolve().parents[2]
 VALID = (REPO / "scenarios" / "sim_ced_switch.yaml").read_text(encoding="utf-8")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from planner.intervals import (
+from planner.predict.intervals import (
     ProfileErrors,
     format_interval,
     load_profile_errors,
@@ -73,7 +73,7 @@ def test_slo_values_at_a_confidence_never_go_below_the_point_estimate():
 
 
 def test_the_shipped_cpu_profile_has_its_measured_errors_beside_it():
-    from planner.profiles import PROFILES_DIR
+    from sim.cost.profile import PROFILES_DIR
 
     errors = load_profile_errors(PROFILES_DIR / "cpu-vllm-tiny-llama.yaml")
     assert errors is not None and errors.profile == "cpu-vllm-tiny-llama"

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from planner.scenario import SloConfig
-from planner.search import Deployment, SearchSpace, replicas_for_rate, search
-from sim.cluster import replica_groups
+from planner.scenario.schema import SloConfig
+from planner.search.slo_search import Deployment, SearchSpace, replicas_for_rate, search
+from sim.engine.cluster import replica_groups
 
 SHARES = (0.5, 0.25, 0.125, 0.125)
 AGENTS = Deployment("H100-SXM", 1, num_replicas=4, num_model_copies=4, traffic_shares=SHARES)
@@ -49,13 +49,13 @@ def test_equal_shares_scale_like_whole_groups_and_one_model_like_one_replica():
 def test_the_rate_bound_is_the_smallest_deployments_the_busiest_agent_saturating_first():
     # Four agents over a Zipf-skewed workload: the smallest deployment (one replica each)
     # serves one replica's bound over the busiest agent's share, not one replica's bound.
-    from planner.capacity import (
+    from planner.scenario.loading import scenario_from_text
+    from planner.search.strategy_plan import (
         fitting_candidates,
         replica_rate_bound,
         smallest_rate_bound,
         workload_shape,
     )
-    from planner.loading import scenario_from_text
     scenario = scenario_from_text("""
 model: llama-3.1-8b
 hardware: {gpu: H100-SXM}

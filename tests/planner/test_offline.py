@@ -8,7 +8,7 @@ import sys
 
 import pandas as pd
 
-from planner.workloads import OFFLINE_NOTE
+from planner.scenario.workloads import OFFLINE_NOTE
 
 OFFLINE = """\
 name: offline
@@ -25,7 +25,7 @@ analysis: {context_tokens: [512], adapters_visited: [1], decode_tokens_per_turn:
 
 
 def molcap(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=600)
 
 

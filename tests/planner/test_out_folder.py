@@ -1,5 +1,5 @@
 """Nothing escapes --out: scenario, strategy and sweep names become file names only through
-`planner.report.file_name`, which slugs path separators, `..`, absolute paths and control
+`sim.io.files.file_name`, which slugs path separators, `..`, absolute paths and control
 characters; a run and a sweep with hostile names write only under the output folder and rerun."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from planner_helpers import TINY, files_under, molcap, write_tiny
 
-from planner.loading import ScenarioError
-from planner.report import file_name
-from planner.run import run_scenario_file
-from planner.sweep_run import run_sweep
+from planner.jobs.run import run_scenario_file
+from planner.jobs.sweep import run_sweep
+from planner.scenario.loading import ScenarioError
+from sim.io.files import file_name
 
 HOSTILE = ["../../x", "/etc/passwd", "a/../../b", "a\\..\\b", "..", ".", ".hidden", "x\x00y",
            "x\ny", "\x1b[31mred", "a" * 400, "~/x", "C:\\x", "nul/", " ", "é/ü"]
@@ -79,8 +79,8 @@ def test_a_sweep_named_dot_dot_stays_under_out(tmp_path):
 
 
 def test_the_dashboard_finds_the_points_where_run_wrote_them(tmp_path):
-    from planner.dashboard import points_dir
-    from planner.loading import load_scenario
+    from planner.jobs.dashboard import points_dir
+    from planner.scenario.loading import load_scenario
 
     path = write_tiny(tmp_path, "hostile", TINY.replace("name: tiny", "name: ../../escaped"))
     run_scenario_file(path, tmp_path / "out", backend="inline")

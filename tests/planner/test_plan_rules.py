@@ -3,9 +3,9 @@ analytical comparisons checked against values computed by hand."""
 
 import pytest
 
-from planner.analysis import kv_per_conversation, memory_summary, routing_overhead
-from planner.capacity import fitting_candidates, workload_shape
-from planner.scenario import Scenario
+from planner.predict.analysis import kv_per_conversation, memory_summary, routing_overhead
+from planner.scenario.schema import Scenario
+from planner.search.strategy_plan import fitting_candidates, workload_shape
 
 GIB = 2**30
 
@@ -83,8 +83,8 @@ def test_memory_summary_weights_by_hand(scenario):
 
 
 def test_a_dedicated_router_pool_is_counted_and_priced():
-    from planner.search import Deployment
-    from planner.simulation import simulate_strategy
+    from planner.predict.simulation import simulate_strategy
+    from planner.search.slo_search import Deployment
     assert Deployment("H100-SXM", 2, num_replicas=3, num_router_replicas=1).num_gpus == 8
     s = Scenario.model_validate(dict(
         model="ced-40", hardware=dict(gpu="H200", num_gpus_per_replica=8, tensor_parallel_size=8),

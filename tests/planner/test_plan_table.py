@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from planner.intervals import ProfileErrors
-from planner.plan_table import people_plan_table
+from planner.outputs.plan_table import people_plan_table
+from planner.predict.intervals import ProfileErrors
 
 ROW = dict(strategy="multi_lora", is_feasible=True, gpu="H100-SXM", num_gpus=4,
            tensor_parallel_size=1, num_replicas=4, cost_per_hour_usd=12.3456,

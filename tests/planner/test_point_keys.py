@@ -7,10 +7,10 @@ from __future__ import annotations
 from planner_helpers import TINY, write_tiny
 
 import sim.version
-from planner.loading import load_scenario
-from planner.plan_points import scenario_tasks
-from planner.run import run_scenario_file
-from planner.sweep import load_sweep
+from planner.jobs.run import run_scenario_file
+from planner.jobs.strategy_points import scenario_tasks
+from planner.jobs.sweep_spec import load_sweep
+from planner.scenario.loading import load_scenario
 
 SPEC = ("name: keys\nscenario: tiny.yaml\nparameters:\n"
         "  - {field: engine.max_num_seqs, values: [4, 8]}\n")

@@ -9,13 +9,13 @@ import textwrap
 import time
 from pathlib import Path
 
-from planner.points import PointStore, PointTask, run_points
+from sim.io.points import PointStore, PointTask, run_points
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from planner.points import PointStore, PointTask, run_points
+    from sim.io.points import PointStore, PointTask, run_points
 
     LOG = Path(sys.argv[1]) / "computed.log"
     RELEASE = Path(sys.argv[1]) / "release"

@@ -15,7 +15,7 @@ from planner_helpers import REPO
 SCRIPT = """\
 import sys
 from pathlib import Path
-from planner.points import PointStore, PointTask, run_points
+from sim.io.points import PointStore, PointTask, run_points
 from planner_helpers import slow_point
 HELD_LIMIT = {held_limit}
 

@@ -15,7 +15,7 @@ from planner_helpers import REPO, files_under, write_tiny
 def molcap_in(cwd, *args, home):
     env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(home), "NO_COLOR": "1"}
     env.pop("XDG_CACHE_HOME", None)
-    return subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from planner.loading import ScenarioError, load_scenario
-from planner.router_card import RouterCardError, load_router_card
+from planner.scenario.loading import ScenarioError, load_scenario
+from sim.strategies.router_card import RouterCardError, load_router_card
 
 REPO = Path(__file__).resolve().parents[2]
 OPTIONS = ["chat", "code", "legal", "prose"]

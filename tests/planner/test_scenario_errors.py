@@ -15,9 +15,9 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from planner.loading import ScenarioError, load_scenario
-from planner.scenario import Scenario
-from sim.catalogue import get_gpu, get_model
+from planner.scenario.loading import ScenarioError, load_scenario
+from planner.scenario.schema import Scenario
+from sim.hardware.catalogue import get_gpu, get_model
 
 REPO = Path(__file__).resolve().parents[2]
 CED_HARDWARE = """\

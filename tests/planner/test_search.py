@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from planner.scenario import SloConfig
-from planner.search import Deployment, SearchSpace, pareto_front, search
+from planner.scenario.schema import SloConfig
+from planner.search.slo_search import Deployment, SearchSpace, pareto_front, search
 
 H100 = Deployment("H100-SXM", 1)
 H20 = Deployment("H20", 1)
@@ -95,7 +95,7 @@ def test_non_monotone_evaluate_never_yields_an_unverified_plan():
 
 
 def test_pareto_front_drops_dominated_points():
-    from planner.search import Trial
+    from planner.search.slo_search import Trial
 
     def trial(cost, latency):
         return Trial(H100, 1.0, {"e2e_p99_s": latency}, {}, {}, (), cost)

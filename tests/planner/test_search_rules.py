@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from planner.scenario import SloConfig
-from planner.search import Deployment, SearchSpace, search
+from planner.scenario.schema import SloConfig
+from planner.search.slo_search import Deployment, SearchSpace, search
 
 H100 = Deployment("H100-SXM", 1)
 H20 = Deployment("H20", 1)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.loading import load_scenario
-from planner.plan_points import scenario_tasks, simulate_point
-from sim import traces
+from planner.jobs.strategy_points import scenario_tasks, simulate_point
+from planner.scenario.loading import load_scenario
+from sim.workload import traces
 
 REPO = Path(__file__).resolve().parents[2]
 FULL_DATA_HINT = (f"needs the full traces: set {traces.DATA_DIR_ENV} to a data folder laid out "
@@ -60,7 +60,7 @@ def test_every_shipped_slice_has_its_licence_and_readme_entry():
 
 def test_the_default_data_folder_is_the_repository_and_the_setting_moves_it(tmp_path):
     assert traces.REPO_DATA_DIR == REPO / "data"
-    code = "from sim import traces; print(traces.TRACES_DIR)"
+    code = "from sim.workload import traces; print(traces.TRACES_DIR)"
     env = dict(os.environ, **{traces.DATA_DIR_ENV: str(tmp_path)})
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          cwd=REPO, check=True).stdout.strip()
@@ -113,8 +113,8 @@ def test_a_clone_of_the_repository_alone_runs_the_trace_scenarios(tmp_path):
     for part in ("planner", "sim", "scenarios", "data"):
         shutil.copytree(REPO / part, clone / part,
                         ignore=shutil.ignore_patterns("__pycache__"))
-    code = ("import sys; from planner.loading import load_scenario; "
-            "from planner.simulation import simulate_strategy; "
+    code = ("import sys; from planner.scenario.loading import load_scenario; "
+            "from planner.predict.simulation import simulate_strategy; "
             "s = load_scenario(sys.argv[1]); print(simulate_strategy(s, 0).summary['num_turns'])")
     env = {k: v for k, v in os.environ.items() if k != traces.DATA_DIR_ENV}
     env["PYTHONPATH"] = str(clone)

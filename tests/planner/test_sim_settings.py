@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.loading import ScenarioError, load_scenario, scenario_from_text
-from planner.simulation import create_workload, simulate_strategy, strategy_spec
-from planner.workloads import ConversationWorkload, TraceWorkload
-from sim.replica import SimulationError
-from sim.traces import TRACES_DIR, servegen_popularity
+from planner.predict.simulation import create_workload, simulate_strategy, strategy_spec
+from planner.scenario.loading import ScenarioError, load_scenario, scenario_from_text
+from planner.scenario.workloads import ConversationWorkload, TraceWorkload
+from sim.engine.replica import SimulationError
+from sim.workload.traces import TRACES_DIR, servegen_popularity
 
 BASE = """\
 name: settings

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from planner.search import Deployment, SearchSpace, search
-from planner.slo import Slo, slo_violations
+from planner.search.slo import Slo, slo_violations
+from planner.search.slo_search import Deployment, SearchSpace, search
 from sim.metrics import summarize
 
 SLO = Slo(ttft_p99_s=1.0, tpot_p99_s=0.05)

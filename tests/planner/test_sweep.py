@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from planner.loading import ScenarioError
-from planner.sweep import load_sweep
-from planner.sweep_run import run_sweep
+from planner.jobs.sweep import run_sweep
+from planner.jobs.sweep_spec import load_sweep
+from planner.scenario.loading import ScenarioError
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = """
@@ -89,7 +89,7 @@ def test_zip_needs_equal_lengths_and_base_must_exist(tmp_path):
 def test_cli_rejects_bad_spec_with_exit_2_and_no_traceback(tmp_path):
     spec = _spec(tmp_path, "parameters:\n  - {field: workload.arrival_rate_per_s, "
                  "values: [1.0e+30]}\n")
-    done = subprocess.run([sys.executable, "-m", "planner.cli", "sweep", str(spec),
+    done = subprocess.run([sys.executable, "-m", "app.cli", "sweep", str(spec),
                            "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2

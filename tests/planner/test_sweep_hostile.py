@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from planner_helpers import write_tiny
 
-from planner.loading import ScenarioError
-from planner.sweep import MAX_SWEEP_POINTS, load_sweep
+from planner.jobs.sweep_spec import MAX_SWEEP_POINTS, load_sweep
+from planner.scenario.loading import ScenarioError
 
 
 def test_a_huge_grid_is_refused_from_its_sizes(tmp_path):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.capacity import with_rate, workload_shape
-from planner.loading import load_scenario
-from planner.simulation import create_workload
+from planner.predict.simulation import create_workload
+from planner.scenario.loading import load_scenario
+from planner.search.strategy_plan import with_rate, workload_shape
 
 SCENARIO = """\
 model: qwen2.5-0.5b

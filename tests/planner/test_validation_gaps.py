@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from planner_helpers import molcap
 
-from planner.loading import ScenarioError, load_scenario
+from planner.scenario.loading import ScenarioError, load_scenario
 
 TRACE_SCENARIO = """\
 model: qwen2.5-0.5b

@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from pydantic import ValidationError
+from sim_configs import small_config
 
-from planner.scenario import Scenario
-from planner.simulation import create_workload, strategy_spec
+from planner.predict.simulation import create_workload, strategy_spec
+from planner.scenario.schema import Scenario
 from sim.simulate import simulate
-from sim.testing import small_config
-from sim.traces import TRACES_DIR
-from sim.workloads import conversation_workload
+from sim.workload.generate import conversation_workload
+from sim.workload.traces import TRACES_DIR
 
 
 def adapters(n):

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 from planner_helpers import molcap
 
-import planner.loading
-from planner.loading import ScenarioError, load_scenario
+import planner.scenario.loading
+import sim.io.yaml_input
+from planner.scenario.loading import ScenarioError, load_scenario
+from planner.scenario.schema import Scenario
 
 BOMB = "".join(f"{b}: &{b} [{', '.join([f'*{a}'] * 10)}]\n"
                for a, b in zip("abcdefg", "bcdefgh", strict=True))
@@ -58,7 +60,7 @@ def test_yaml_merge_keys_are_accepted(tmp_path):
         load_scenario(path)
     assert info.value.messages == [
         f"{path}:1: x-adapter: unknown key 'x-adapter'; allowed keys: "
-        f"{planner.loading.allowed_keys(('x-adapter',))}"]
+        f"{sim.io.yaml_input.allowed_keys(('x-adapter',), Scenario)}"]
     merged = write(tmp_path, "merged", b"strategies:\n  - kind: multi_lora\n    adapters:\n"
                    b"      - &chat {name: chat, rank: 8}\n      - {<<: *chat, name: code}\n")
     adapters = load_scenario(merged).strategies[0].adapters
@@ -85,7 +87,7 @@ def test_a_huge_value_is_cut_short_in_the_message(tmp_path):
 
 def test_a_huge_file_is_refused_by_size_before_parsing(tmp_path, monkeypatch):
     path = write(tmp_path, "big", b"# padding\n" * 300_000 + b"strategies: [{kind: base}]\n")
-    monkeypatch.setattr(planner.loading, "parse_yaml",
+    monkeypatch.setattr(planner.scenario.loading, "parse_yaml",
                         lambda *a, **k: pytest.fail("a huge file was parsed"))
     with pytest.raises(ScenarioError) as info:
         load_scenario(path)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from sim.catalogue import GPUS, MODELS, CatalogueError, get_gpu, get_model
-from sim.model_shapes import total_params
-from sim.specs import GpuSpec, ModelArch
+from sim.cost.model_shapes import total_params
+from sim.hardware.catalogue import GPUS, MODELS, CatalogueError, get_gpu, get_model
+from sim.hardware.specs import GpuSpec, ModelArch
 
 ENTRIES = [*GPUS.values(), *MODELS.values()]
 

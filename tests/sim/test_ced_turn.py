@@ -6,12 +6,12 @@ only U is encoded) is the named alternative `ced_encoder_window="kept"`."""
 
 import numpy as np
 import pytest
+from sim_configs import small_config
 
-from planner.analysis import _replay_in_step_s
-from planner.profiles import StrategyCosting
+from planner.predict.analysis import _replay_in_step_s
+from planner.scenario.pricing import StrategyCosting
 from sim.simulate import create_profile, simulate
-from sim.testing import small_config
-from sim.workloads import Workload
+from sim.workload.generate import Workload
 
 DOMAINS = (0, 0, 1, 1, 2)
 

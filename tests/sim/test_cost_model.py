@@ -16,11 +16,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.catalogue import get_gpu, get_model
-from sim.cost_model import CostCoeffs, StepCost, create_step_batch, default_coeffs, predict_step
-from sim.cost_profile import create_cost_profile
-from sim.placement import adapter_placements
-from sim.specs import CedLayout, GpuSpec, ModelArch, MoeSpec
+from sim.cost.cost_model import (
+    CostCoeffs,
+    StepCost,
+    create_step_batch,
+    default_coeffs,
+    predict_step,
+)
+from sim.cost.layer_costs import create_layer_costs
+from sim.hardware.catalogue import get_gpu, get_model
+from sim.hardware.specs import CedLayout, GpuSpec, ModelArch, MoeSpec
+from sim.strategies.placement import adapter_placements
 
 ASSUMED = {"*": "assumed: round numbers for hand arithmetic"}
 GPU = GpuSpec(
@@ -66,7 +72,7 @@ def approx(x):
 
 
 def step(arch, profile=None, coeffs=UNIT, **batch):
-    profile = profile or create_cost_profile(arch, GPU)
+    profile = profile or create_layer_costs(arch, GPU)
     new, ctx = batch.pop("new"), batch.pop("ctx")
     return predict_step(coeffs, profile, create_step_batch(new, ctx, num_layers=arch.num_layers,
                                                            **batch))
@@ -179,7 +185,7 @@ def test_ced_decoder_only_item_skips_encoder_attention():
 # 8 + 8 = 16 weights per unit rank, v_proj (8 -> 4) 12: per layer [16, 28], 44 in all.
 
 def lora_profile(kind="lora", placements=((0, "q_proj"), (1, "q_proj"), (1, "v_proj"))):
-    return create_cost_profile(ARCH, GPU, adapter_kind=kind, adapter_rank=4,
+    return create_layer_costs(ARCH, GPU, adapter_kind=kind, adapter_rank=4,
                                adapter_placements=list(placements))
 
 
@@ -332,7 +338,7 @@ def test_replay_is_the_marginal_cost_over_the_rest_of_the_step():
 def test_routing_decisions():
     # Head of 1000 weights, 3 decisions: 2*1000*3 = 6000 FLOP -> 6e-9 s; 2000 bytes -> 2e-7 s;
     # plus 3 * 1e-4 fixed. A routing-only step still pays the step overhead (1e-3).
-    profile = create_cost_profile(ARCH, GPU, num_head_params=1000)
+    profile = create_layer_costs(ARCH, GPU, num_head_params=1000)
     coeffs = UNIT.model_copy(update={"routing_overhead_s": 1e-4, "step_overhead_s": 1e-3})
     batch = create_step_batch([], [], num_layers=2, num_routing_decisions=3)
     only(predict_step(coeffs, profile, batch), routing_s=2e-7 + 3e-4, overhead_s=1e-3)
@@ -346,10 +352,10 @@ def test_tensor_parallel_shards_weights_and_adds_all_reduces():
     # All-reduce: 1 token * 8 * 2 = 16 bytes; 2*(2-1)/2 * 16 / 1e9 = 1.6e-8 s, two per layer
     # with 1e-6 latency each: 2 * (1.6e-8 + 1e-6) = 2.032e-6 per layer, 4.064e-6 for two.
     coeffs = UNIT.model_copy(update={"communication_latency_s": 1e-6})
-    cost = step(ARCH, create_cost_profile(ARCH, GPU, 2), coeffs, new=[1], ctx=[100])
+    cost = step(ARCH, create_layer_costs(ARCH, GPU, 2), coeffs, new=[1], ctx=[100])
     only(cost, dense_gemm_s=1.232e-7, attention_s=3.232e-7, communication_s=4.064e-6)
     # Without NVLink the all-reduce goes over PCIe (1e8 B/s): 2 * (1.6e-7 + 1e-6) * 2 = 4.64e-6.
-    pcie = step(ARCH, create_cost_profile(ARCH, GPU_NO_NVLINK, 2), coeffs, new=[1], ctx=[100])
+    pcie = step(ARCH, create_layer_costs(ARCH, GPU_NO_NVLINK, 2), coeffs, new=[1], ctx=[100])
     assert pcie.communication_s == approx(4.64e-6)
 
 
@@ -379,7 +385,7 @@ def test_a_step_with_a_prompt_chunk_pays_the_prompt_step_overhead_once():
 
 
 def test_terms_sum_to_total_on_a_mixed_step():
-    profile = create_cost_profile(MOE_ARCH, GPU, 2, adapter_kind="lora", adapter_rank=8,
+    profile = create_layer_costs(MOE_ARCH, GPU, 2, adapter_kind="lora", adapter_rank=8,
                                   adapter_placements=[(0, "q_proj"), (1, "o_proj")],
                                   num_head_params=5000)
     batch = create_step_batch(
@@ -402,7 +408,7 @@ CASES = [("llama-3.1-8b", "H100-SXM", 1), ("llama-3.1-70b", "H200", 4), ("moe-78
 @pytest.mark.parametrize(("model", "gpu", "tp"), CASES)
 def test_cost_non_decreasing_in_context_and_tokens(model, gpu, tp):
     arch, spec = get_model(model), get_gpu(gpu)
-    profile = create_cost_profile(arch, spec, tp)
+    profile = create_layer_costs(arch, spec, tp)
     coeffs = default_coeffs(spec)
     grid = [0, 1, 7, 64, 127, 128, 129, 1000, 4096, 8191, 8192, 30_000, 100_000]
     decode = [step(arch, profile, coeffs, new=[1], ctx=[c]).total_s for c in grid]
@@ -425,7 +431,7 @@ def test_replay_independent_of_context_once_window_and_top_k_are_full():
     # window of min(ctx+4, 4) = 4 tokens and min(records, 4*3) records; from ctx = 20
     # (records = 12) on, nothing it touches grows with the context.
     arch = CED_ARCH.model_copy(update={"ced": CED.model_copy(update={"index_layers": (1,)})})
-    profile = create_cost_profile(arch, GPU)
+    profile = create_layer_costs(arch, GPU)
     costs = [replay_cost(arch, profile, c) for c in (20, 21, 100, 5000, 90_000)]
     assert costs[0] > 0
     assert costs == [approx(costs[0])] * len(costs)
@@ -435,7 +441,7 @@ def test_replay_grows_only_by_the_index_scan_on_decoder_index_layers():
     # With index layer 3 in the decoder, the replay scores every record there:
     # 2*4*records*5 FLOP (4e-11 s/record) vs 5 bytes/record (5e-10 s, wins). From ctx 20
     # (records 12) to ctx 5000 (records 2502): 5e-10 * 2490 = 1.245e-6 s more, nothing else.
-    profile = create_cost_profile(CED_ARCH, GPU)
+    profile = create_layer_costs(CED_ARCH, GPU)
     extra = replay_cost(CED_ARCH, profile, 5000) - replay_cost(CED_ARCH, profile, 20)
     assert extra == approx(1.245e-6)
 
@@ -446,7 +452,7 @@ def test_ced40_replay_is_bounded_while_reprefill_grows_with_context():
     # context grows with it (the O(128) vs O(|P|) contrast of the CED write-up).
     arch, gpu = get_model("ced-40"), get_gpu("H20")
     placements = adapter_placements(arch, None, ("q_proj", "v_proj"))
-    profile = create_cost_profile(arch, gpu, 8, adapter_kind="lora", adapter_rank=16,
+    profile = create_layer_costs(arch, gpu, 8, adapter_kind="lora", adapter_rank=16,
                                   adapter_placements=placements)
     coeffs = default_coeffs(gpu)
     near = replay_cost(arch, profile, 8192, coeffs)
@@ -476,7 +482,7 @@ def test_direft_on_a_lora_engine_pays_the_lora_wrapper_but_no_lora_shrink():
                                      "lora_launch_overhead_s": 1.0})
     wrapped = [(i, m) for i in range(2) for m in
                ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")]
-    profile = create_cost_profile(ARCH, GPU, adapter_kind="direft", adapter_rank=4,
+    profile = create_layer_costs(ARCH, GPU, adapter_kind="direft", adapter_rank=4,
                                   adapter_placements=[(0, "q_proj"), (1, "o_proj")],
                                   lora_wrapped_placements=wrapped)
     cost = step(ARCH, profile, coeffs, new=[1], ctx=[5], adapter_ids=[0])
@@ -488,7 +494,7 @@ def test_direft_on_a_lora_engine_pays_the_lora_wrapper_but_no_lora_shrink():
 
 
 def test_adapter_load_is_a_fixed_cost_plus_bytes_over_the_achieved_bandwidth():
-    from sim.cost_model import adapter_load_s
+    from sim.cost.cost_model import adapter_load_s
 
     coeffs = CostCoeffs(adapter_load_overhead_s=1e-3, adapter_load_bandwidth_efficiency=0.5)
     # 1e9 bytes over half of GPU's PCIe bandwidth.

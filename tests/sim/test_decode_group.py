@@ -1,17 +1,17 @@
-"""The engine's decode group (`sim.decode_group`) plans and commits exactly what walking every
-running sequence does: same steps, same blocks, same finishes, same float seconds."""
+"""The engine's decode group (`sim.engine.decode_group`) plans and commits exactly what walking
+every running sequence does: same steps, same blocks, same finishes, same float seconds."""
 
 import numpy as np
 import pytest
 
-from sim import step_pricer
 from sim.config import EngineLimits
-from sim.cost_model import attention_s_per_item
-from sim.decode_group import DecodeGroup
-from sim.engine import Engine
-from sim.replica import _attribute
-from sim.sequence import Sequence
-from sim.step_pricer import StepPricer
+from sim.cost.cost_model import attention_s_per_item
+from sim.engine import step_pricer
+from sim.engine.decode_group import DecodeGroup
+from sim.engine.replica import _attribute
+from sim.engine.scheduler import Engine
+from sim.engine.sequence import Sequence
+from sim.engine.step_pricer import StepPricer
 
 SCENARIOS = {
     # name: (engine limits, KV blocks, longest prompt)
@@ -129,9 +129,10 @@ def test_prompt_chunk_prices_are_cached_by_all_they_depend_on(field, num_chunks,
     # Steps of prompt chunks of 64 + 7 i tokens, every other chunk differing in one field from the
     # last step's: those may not reuse another's attention. The fast pricer's sum over cached items
     # must be the one of pricing them together, bit for bit; the step-by-step pricer agrees.
+    from sim_configs import small_config
+
+    from sim.engine.step_plan import StepPlan
     from sim.simulate import create_profile
-    from sim.step_plan import StepPlan
-    from sim.testing import small_config
 
     if cache_size:  # a full cache is cleared mid-step
         monkeypatch.setattr(step_pricer, "MAX_CACHED_CHUNKS", cache_size)

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from sim_configs import small_config
 
 from sim.config import EngineLimits
-from sim.cost_model import create_step_batch, predict_step
-from sim.engine import Engine
-from sim.sequence import Sequence
+from sim.cost.cost_model import create_step_batch, predict_step
+from sim.engine.scheduler import Engine
+from sim.engine.sequence import Sequence
+from sim.engine.step_plan import StepPlan
+from sim.engine.step_pricer import StepPricer
 from sim.simulate import create_profile
-from sim.step_plan import StepPlan
-from sim.step_pricer import StepPricer
-from sim.testing import small_config
 
 WINDOW = 128
 """The CED sliding window a switch replays."""

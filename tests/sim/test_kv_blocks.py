@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-from sim.kv_blocks import RUN_KEY_BITS, KvBlockManager, KvCapacityError
+from sim.memory.kv_blocks import RUN_KEY_BITS, KvBlockManager, KvCapacityError
 
 
 def _keys(runs: list[range]) -> list[int]:
@@ -237,7 +237,7 @@ def test_range_cache_evicts_exactly_as_one_entry_per_block(seed):
 
 
 def _hash_seq(ids, per_id, namespace=2, seq_id=1):
-    from sim.sequence import Sequence
+    from sim.engine.sequence import Sequence
 
     return Sequence(seq_id=seq_id, hop="answer", adapter=0, kv_namespace=namespace,
                     num_prompt_tokens=400, num_output_tokens=1, submit_s=0.0,

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.catalogue import get_gpu, get_model
-from sim.memory_model import (
+from sim.cost.memory_model import (
     adapter_slot_bytes_per_gpu,
     conversation_kv,
     kv_bytes_per_token,
@@ -15,7 +14,8 @@ from sim.memory_model import (
     weight_bytes_per_gpu,
     window_state_bytes_per_seq,
 )
-from sim.specs import CedLayout, GpuSpec, ModelArch
+from sim.hardware.catalogue import get_gpu, get_model
+from sim.hardware.specs import CedLayout, GpuSpec, ModelArch
 
 ASSUMED = {"*": "assumed: round numbers for hand arithmetic"}
 # 2 layers, hidden 8, 2 heads of 4, 1 KV head, FFN 16, vocab 10, untied, bf16.
@@ -55,7 +55,7 @@ def test_a_quantized_checkpoint_keeps_its_embedding_and_head_in_their_own_dtype(
 
 
 def test_the_sampler_run_sets_the_activation_peak_at_large_batches_whatever_the_tp():
-    from sim.memory_model import activation_reserve_bytes
+    from sim.cost.memory_model import activation_reserve_bytes
     llama = get_model("llama-3.1-8b")
     # 1024 sequences x 128256 logits x 38.4 bytes over 8192 x 4096 bf16 hidden states.
     expected = 1024 * 128256 * 38.4 + 8192 * 4096 * 2
@@ -216,7 +216,7 @@ def test_llama_8b_mol_conversation_by_hand():
 # ---- KV layout follows where the adapters sit ---------------------------------------------
 
 def test_kv_layout_follows_placement_not_strategy_kind():
-    from sim.placement import adapter_placements, kv_layout
+    from sim.strategies.placement import adapter_placements, kv_layout
     ced, llama = get_model("ced-40"), get_model("llama-3.1-8b")
     decoder_side = adapter_placements(ced, None, ("q_proj", "v_proj"))
     on_encoder = adapter_placements(ced, (5, 30), ("q_proj",))
@@ -272,7 +272,7 @@ def test_an_explicit_kv_size_is_the_pool():
 
 def test_a_sim_config_derives_the_kv_layout_from_the_model_and_placements():
     from sim.config import SimConfig, StrategySpec
-    from sim.placement import adapter_placements
+    from sim.strategies.placement import adapter_placements
     ced, llama, h200 = get_model("ced-40"), get_model("llama-3.1-8b"), get_gpu("H200")
     decoder_side = tuple(adapter_placements(ced, None, ("q_proj",)))
     everywhere = tuple(adapter_placements(ced, tuple(range(40)), ("q_proj",)))

@@ -5,13 +5,13 @@ must get their own entry (each priced here equals `predict_step` on its own batc
 import dataclasses
 
 import pytest
+from sim_configs import small_config
 
-from sim.cost_model import predict_step
-from sim.sequence import Sequence
+from sim.cost.cost_model import predict_step
+from sim.engine.sequence import Sequence
+from sim.engine.step_plan import StepPlan
+from sim.engine.step_pricer import StepPricer
 from sim.simulate import create_profile
-from sim.step_plan import StepPlan
-from sim.step_pricer import StepPricer
-from sim.testing import small_config
 
 
 def _seq(seq_id: int, adapter: int, computed: int, **fields) -> Sequence:

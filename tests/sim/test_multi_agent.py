@@ -1,11 +1,11 @@
 """Multi-agent: each agent's replica count follows its share of the traffic."""
 
 import numpy as np
+from sim_configs import small_config
 
-from sim.cluster import replica_groups
+from sim.engine.cluster import replica_groups
 from sim.simulate import simulate
-from sim.testing import small_config
-from sim.workloads import single_turn_workload
+from sim.workload.generate import single_turn_workload
 
 
 def test_replicas_are_dealt_by_traffic_share_at_least_one_each():

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import pytest
 
-from sim.catalogue import get_gpu, get_model
-from sim.memory_model import memory_breakdown
-from sim.specs import ModelArch
+from sim.cost.memory_model import memory_breakdown
+from sim.hardware.catalogue import get_gpu, get_model
+from sim.hardware.specs import ModelArch
 
 GIB = 2**30
 TOLERANCE_GIB = 0.45

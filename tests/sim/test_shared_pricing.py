@@ -3,11 +3,11 @@ runs that differ in what a price depends on never share them."""
 
 import numpy as np
 import pandas as pd
+from sim_configs import small_config
 
-from sim import step_pricer
+from sim.engine import step_pricer
 from sim.simulate import simulate
-from sim.testing import small_config
-from sim.workloads import conversation_workload
+from sim.workload.generate import conversation_workload
 
 
 def _workload():

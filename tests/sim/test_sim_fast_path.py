@@ -3,16 +3,16 @@ for every strategy, on workloads that exercise arrivals mid-run, preemption and 
 
 import numpy as np
 import pytest
+from sim_configs import small_config
 
-from sim import step_pricer
 from sim.config import ClusterSpec, DisaggregationSpec
-from sim.cost_model import attention_s_per_item, create_step_batch, predict_step
-from sim.sequence import Sequence
+from sim.cost.cost_model import attention_s_per_item, create_step_batch, predict_step
+from sim.engine import step_pricer
+from sim.engine.sequence import Sequence
+from sim.engine.step_plan import StepPlan
+from sim.engine.step_pricer import StepPricer
 from sim.simulate import create_profile, simulate
-from sim.step_plan import StepPlan
-from sim.step_pricer import StepPricer
-from sim.testing import small_config
-from sim.workloads import conversation_workload, punica_workload
+from sim.workload.generate import conversation_workload, punica_workload
 
 STRATEGIES = ("base", "multi_lora", "preft", "mol", "contextual_mol", "mol2", "multi_agent")
 METRICS = ("first_scheduled_s", "first_token_s", "finish_s")
@@ -152,7 +152,7 @@ def test_fast_equals_reference_under_shared_kv_on_ced(kind):
 
 @pytest.mark.parametrize("kind", ("mol", "mol2", "contextual_mol"))
 def test_fast_equals_reference_with_misroutes_and_named_turns(kind):
-    from sim.workloads import with_named_share
+    from sim.workload.generate import with_named_share
     config = small_config(kind, max_num_seqs=8, strategy_fields={"routing_accuracy": 0.7})
     workload = with_named_share(np.random.default_rng(6), conversations(3), 0.3)
     ref, fast = both_modes(config, workload)
@@ -164,7 +164,7 @@ def test_fast_equals_reference_with_misroutes_and_named_turns(kind):
 def test_fast_equals_reference_with_the_fitted_cpu_lora_terms(kind):
     # The cpu entry's fitted coefficients switch on the slice-launch and per-token gather terms
     # (which depend on whether a step has any adapted token): the fast path's cache must agree.
-    from sim.cost_model import DEFAULT_COEFFS
+    from sim.cost.cost_model import DEFAULT_COEFFS
 
     config = small_config(kind, model="vllm-tiny-llama", gpu="cpu", max_num_seqs=8,
                           max_num_batched_tokens=256, max_lora_rank=8)
@@ -180,7 +180,7 @@ def test_fast_equals_reference_with_the_fitted_cpu_lora_terms(kind):
 def test_fast_equals_reference_on_mooncake_hash_ids_with_evictions():
     # Trace hash ids name the blocks (shared leading ids, partial last id); a pool of 900
     # blocks for about 2,600 blocks of prompts makes the prefix cache evict.
-    from sim.traces import TRACES_DIR, trace_workload
+    from sim.workload.traces import TRACES_DIR, trace_workload
 
     workload = trace_workload(np.random.default_rng(0),
                               TRACES_DIR / "mooncake_fast25" / "conversation_trace.jsonl",

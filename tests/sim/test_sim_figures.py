@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
+from sim_configs import small_config
 
-from sim import figures
+from planner.outputs import sim_figures as figures
 from sim.simulate import simulate
-from sim.testing import small_config
-from sim.workloads import conversation_workload
+from sim.workload.generate import conversation_workload
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.loading import load_scenario
-from planner.simulation import simulate_strategy
+from planner.predict.simulation import simulate_strategy
+from planner.scenario.loading import load_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"

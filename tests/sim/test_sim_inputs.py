@@ -4,13 +4,13 @@ trace files replay (Azure timestamps, Mooncake hash ids feeding the prefix cache
 import numpy as np
 import pytest
 from pydantic import ValidationError
+from sim_configs import small_config
 
 from sim.config import ClusterSpec, SimBounds
-from sim.replica import SimulationError
+from sim.engine.replica import SimulationError
 from sim.simulate import SimInputError, simulate
-from sim.testing import small_config
-from sim.traces import TRACES_DIR, TraceError, servegen_popularity, trace_workload
-from sim.workloads import punica_workload, single_turn_workload
+from sim.workload.generate import punica_workload, single_turn_workload
+from sim.workload.traces import TRACES_DIR, TraceError, servegen_popularity, trace_workload
 
 
 def one_request(prompt=100, output=10):

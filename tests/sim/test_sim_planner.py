@@ -1,14 +1,14 @@
-"""`planner.simulation.simulate_strategy`: a validated Scenario in, a SimResult out, for every
-strategy of the shipped default scenario (shrunk to a few conversations)."""
+"""`planner.predict.simulation.simulate_strategy`: a validated Scenario in, a SimResult out, for
+every strategy of the shipped default scenario (shrunk to a few conversations)."""
 
 import numpy as np
 import pytest
 
-from planner.loading import load_scenario
-from planner.simulation import simulate_strategy, strategy_spec
-from planner.workloads import ConversationWorkload, PunicaWorkload
+from planner.predict.simulation import simulate_strategy, strategy_spec
+from planner.scenario.loading import load_scenario
+from planner.scenario.workloads import ConversationWorkload, PunicaWorkload
 from sim.metrics import summarize
-from sim.workloads import punica_workload
+from sim.workload.generate import punica_workload
 
 SCENARIO = load_scenario("scenarios/default.yaml")
 SMALL = SCENARIO.model_copy(update={"workload": ConversationWorkload(

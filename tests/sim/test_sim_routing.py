@@ -4,10 +4,10 @@ and skip the router."""
 
 import numpy as np
 import pytest
+from sim_configs import small_config
 
 from sim.simulate import simulate
-from sim.testing import small_config
-from sim.workloads import conversation_workload, with_named_share
+from sim.workload.generate import conversation_workload, with_named_share
 
 
 def conversations(switch_probability=0.0, num_conversations=40, seed=0):
@@ -86,7 +86,7 @@ def serial_turns():
 
 
 def test_in_engine_routing_costs_the_heads_time_over_a_fixed_route():
-    from sim.cost_model import routing_decision_s
+    from sim.cost.cost_model import routing_decision_s
     from sim.simulate import create_profile
     fixed = simulate(small_config("multi_lora", model="ced-40"), serial_turns())
     routed_in = simulate(small_config("mol2", strategy_fields={"routing_accuracy": 1.0}),

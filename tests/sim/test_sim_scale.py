@@ -5,11 +5,11 @@ import gc
 import tracemalloc
 
 import numpy as np
+from sim_configs import small_config
 
 from sim.simulate import simulate
-from sim.testing import small_config
-from sim.turns import Turn
-from sim.workloads import punica_workload
+from sim.strategies.turns import Turn
+from sim.workload.generate import punica_workload
 
 MAX_BYTES_PER_REQUEST = 2000
 """Sequence, turn records and result rows fit in this; a process per request needed ~2.5 kB."""

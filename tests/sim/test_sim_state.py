@@ -4,9 +4,9 @@ block manager's own tests are in test_kv_blocks.py)."""
 import numpy as np
 import pytest
 
-from sim.adapter_slots import AdapterSlots
-from sim.kv_blocks import KvBlockManager
-from sim.workloads import conversation_workload, popularity_domains, punica_workload
+from sim.memory.adapter_slots import AdapterSlots
+from sim.memory.kv_blocks import KvBlockManager
+from sim.workload.generate import conversation_workload, popularity_domains, punica_workload
 
 
 def test_adapter_slots_pin_load_and_evict():
@@ -57,7 +57,7 @@ def test_conversations_walk_domains_and_grow_context():
 def test_stream_and_trace_hash_blocks_never_share_keys():
     """A MoL hop's blocks are named by its conversation, an answer's under a trace by hash ids:
     in one adapter's KV, conversation 5 and hash id 5 are different text."""
-    from sim.sequence import Sequence
+    from sim.engine.sequence import Sequence
 
     kv = KvBlockManager(num_blocks=64, block_size=16, enable_prefix_caching=True)
     common = dict(hop="answer", adapter=0, kv_namespace=0, num_prompt_tokens=64,
@@ -75,7 +75,7 @@ def test_trace_hash_keys_are_distinct_per_namespace_and_id_and_take_no_table_ent
     distinct (also across the edges of the range and against numbered runs), each run's
     blocks its own, and the run table stays empty (it held an entry per id: gigabytes at a
     million Mooncake requests)."""
-    from sim.kv_blocks import RUN_KEY_BITS, TRACE_NAMES, TRACE_NAMESPACES
+    from sim.memory.kv_blocks import RUN_KEY_BITS, TRACE_NAMES, TRACE_NAMESPACES
 
     kv = KvBlockManager(num_blocks=64, block_size=16, enable_prefix_caching=True)
     names = [0, 1, 2, TRACE_NAMESPACES, TRACE_NAMES - 1, TRACE_NAMES, 2**40, -1]
@@ -96,7 +96,7 @@ def test_trace_hash_keys_are_distinct_per_namespace_and_id_and_take_no_table_ent
 
 
 def test_hash_ids_read_back_as_the_tuples_they_hold():
-    from sim.workloads import HashIds
+    from sim.workload.generate import HashIds
 
     per_turn = [(5, 6, 7), (), (8,), (2**70, 1), (9, 10)]
     ids = HashIds.of(per_turn)

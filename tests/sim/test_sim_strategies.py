@@ -4,10 +4,10 @@ decode steps unaffected by the adapter mix; routing outside the engine costs a s
 
 import numpy as np
 import pytest
+from sim_configs import small_config
 
 from sim.simulate import simulate
-from sim.testing import small_config
-from sim.workloads import Workload, conversation_workload, punica_workload
+from sim.workload.generate import Workload, conversation_workload, punica_workload
 
 STRATEGIES = ("base", "multi_lora", "preft", "mol", "contextual_mol", "mol2", "multi_agent")
 
@@ -86,8 +86,8 @@ def test_decoder_side_adapters_on_ced_share_kv_whatever_the_strategy_name(kind):
 
 @pytest.mark.parametrize("kind", ("multi_lora", "mol2"))
 def test_ced_adapters_on_the_encoder_get_per_adapter_kv_and_re_prefill(kind):
-    from sim.catalogue import get_model
-    from sim.placement import adapter_placements, kv_layout
+    from sim.hardware.catalogue import get_model
+    from sim.strategies.placement import adapter_placements, kv_layout
     arch = get_model("ced-40")
     pairs = adapter_placements(arch, tuple(range(arch.num_layers)), ("q_proj", "v_proj"))
     fields = dict(adapter_placements=tuple(pairs), kv_layout=kv_layout(arch, kind, [pairs]))

@@ -3,11 +3,11 @@ prices each with `predict_step`; the simulated timestamps must be their running 
 
 import numpy as np
 import pytest
+from sim_configs import small_config
 
-from sim.cost_model import create_step_batch, predict_step
+from sim.cost.cost_model import create_step_batch, predict_step
 from sim.simulate import create_profile, simulate
-from sim.testing import small_config
-from sim.workloads import single_turn_workload
+from sim.workload.generate import single_turn_workload
 
 MODES = ("reference", "fast")
 

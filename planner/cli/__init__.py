@@ -1,0 +1,1 @@
+"""The planner's command line (Typer) and its Ctrl-C handling."""

@@ -1,0 +1,207 @@
+"""The main job for one scenario file: plan capacity, simulate and compare every strategy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from planner.jobs.strategy_points import plan_point, scenario_tasks, simulate_point
+from planner.outputs import sim_figures
+from planner.outputs.plan_figures import (
+    COMPARISON_FIGURES,
+    pareto_figure,
+    sim_latency_figure,
+)
+from planner.outputs.report import ReportSection, render_html, timestamp, write_table
+from planner.predict.analysis import run_comparisons, tidy
+from planner.scenario.loading import load_scenario
+from planner.scenario.pricing import pricing_sources
+from planner.scenario.schema import Scenario
+from planner.scenario.workloads import OFFLINE_NOTE, is_offline
+from sim.io.files import file_name, write_atomic
+from sim.io.points import PointStore, progress_counter, run_points
+
+_EXPLAIN = {
+    "memory_summary": (
+        "Memory of one replica, per GPU",
+        "How each strategy's model splits one GPU's memory as vLLM would resolve it: weights "
+        "sharded over tensor parallelism, preallocated LoRA slots, the activation reserve, and "
+        "the paged KV pool that is left."),
+    "kv_per_conversation": (
+        "KV memory per conversation",
+        "KV one conversation holds as its context grows and it visits more adapters. Where KV "
+        "depends on the adapter (a decoder-only model, or CED adapters that break the placement "
+        "rule) the prefix cache keeps one copy per adapter visited, as multi-agent keeps one per "
+        "model; adapters on the decoder side of a CED model share one global KV plus one "
+        "W-token window, whatever the strategy."),
+    "switch_cost": (
+        "Cost of one domain switch",
+        "One switch at a given context, priced alone on one replica: under per-adapter KV a "
+        "re-prefill under the new adapter (MoL's handoff, plus its summary hop), the handover "
+        "prefill by the next model (multi-agent), and under shared KV (decoder-side adapters on a "
+        "CED model, any strategy) a bounded replay of W tokens through the decoder."),
+    "routing_vs_reply_length": (
+        "Routing overhead vs reply length",
+        "Share of a turn spent deciding the adapter, one decision per turn, as replies grow."),
+    "routing_vs_decision_frequency": (
+        "Routing overhead vs decision frequency",
+        "A decision (and a switch) every k decoded tokens, as agent tool calls do: the share of "
+        "time spent routing and switching rather than decoding."),
+    "decode_step_vs_adapters": (
+        "Decode step time vs adapter mix",
+        "One decode step of the analysis batch, with its sequences spread over more distinct "
+        "adapters. PreFT decode tokens run base weights, so their step does not change."),
+}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one run wrote."""
+
+    scenario: Scenario
+    report_path: Path
+    table_paths: list[Path]
+    comparisons: dict[str, pd.DataFrame]
+    plans: pd.DataFrame
+    errors: dict[str, str]
+    num_points: int
+    notes: tuple[str, ...] = ()
+    """One line each on what the run did not do and why (an offline scenario is not planned)."""
+
+
+PRICING_NOTE = ("Which coefficients priced every step time below: a fitted profile (molcap "
+                "calibrate; its measured error is in the profile file and docs/validation.md) or "
+                "the assumed defaults of the GPU kind.")
+
+
+def _sections(comparisons: dict[str, pd.DataFrame]) -> list[ReportSection]:
+    sections = []
+    for name, df in comparisons.items():
+        title, text = _EXPLAIN[name]
+        figures = [COMPARISON_FIGURES[name](df)] if name in COMPARISON_FIGURES else []
+        sections.append(ReportSection(title, text, figures, [df]))
+    return sections
+
+
+def _plan_sections(plans: pd.DataFrame, trials: pd.DataFrame) -> list[ReportSection]:
+    if plans.empty:
+        return []
+    text = ("The cheapest deployment per strategy that serves the workload's arrival rate within "
+            "the SLOs: per-replica capacity by bisection on the rate with the simulator, then "
+            "scale-out, verified at the target rate. Metrics are means over seeds with their "
+            "min and max.")
+    runner_ups = trials[trials["kind"] == "runner_up"] if not trials.empty else trials
+    at_target = trials[trials["kind"] == "trial"] if not trials.empty else trials
+    figures = [pareto_figure(at_target)] if not at_target.empty else []
+    return [ReportSection("Capacity plan", text, figures, [_plan_table(plans)]),
+            ReportSection("Runner-ups", "Other verified deployments, cheapest first."
+                          if not runner_ups.empty else "No other candidate was verified.", [],
+                          [runner_ups.drop(columns="kind")] if not runner_ups.empty else [])]
+
+
+_PLAN_COLUMNS = (
+    "strategy", "is_feasible", "gpu", "num_gpus", "tensor_parallel_size", "num_replicas",
+    "cost_per_hour_usd", "cost_per_million_tokens_usd", "per_replica_rate_per_s",
+    "ttft_p99_s", "ttft_p99_s_min", "ttft_p99_s_max", "tpot_p99_s", "e2e_p99_s",
+    "e2e_p99_s_min", "e2e_p99_s_max", "output_tokens_per_s", "misroute_rate",
+    "routing_gpu_share", "max_num_seqs", "max_loras", "reason", "pruned",
+)
+
+
+def _plan_table(plans: pd.DataFrame) -> pd.DataFrame:
+    """The plan's key columns first (the full table is in the table files)."""
+    return plans[[c for c in _PLAN_COLUMNS if c in plans.columns]]
+
+
+def _sim_sections(summary: pd.DataFrame, turns: pd.DataFrame,
+                  timeseries: pd.DataFrame) -> list[ReportSection]:
+    if summary.empty:
+        return []
+    text = ("Every strategy simulated on the scenario's own hardware and workload: throughput, "
+            "latency percentiles, goodput under the SLOs, preemptions and switch recomputation, "
+            "routing quality (routed turns, misroutes, misroute rate) and routing GPU-seconds "
+            "(the routers' passes, wherever they run, as a share of the GPU time served).")
+    figures = [sim_latency_figure(summary), sim_figures.throughput_figure(summary)]
+    if not turns.empty:
+        figures += [sim_figures.latency_cdf_figure(turns, "ttft_s"),
+                    sim_figures.hop_breakdown_figure(turns),
+                    sim_figures.gpu_time_figure(turns),
+                    sim_figures.switch_cost_figure(turns)]
+    if not timeseries.empty:
+        figures.append(sim_figures.timeseries_figure(timeseries, "kv_blocks_used"))
+    return [ReportSection("Simulation", text, figures, [summary])]
+
+
+def _collect(records: dict[str, dict]) -> tuple[dict[str, pd.DataFrame], dict[str, str]]:
+    plans, trials, summary, turns, series, errors = [], [], [], [], [], {}
+    for key, record in records.items():
+        if record["status"] != "ok":
+            errors[key] = record["error"]
+            continue
+        r = record["result"]
+        if key.startswith("plan-"):
+            chosen = r["chosen"] or {"strategy": r["strategy"]}
+            plans.append(dict(chosen, is_feasible=r["is_feasible"], reason=r["reason"],
+                              pruned="; ".join(r.get("pruned", []))))
+            trials += [dict(t, kind="runner_up") for t in r["runner_ups"]]
+            trials += [dict(t, kind="trial") for t in r["trials"]]
+        else:
+            summary.append({"strategy": r["strategy"], **r["summary"]})
+            turns += [dict(t, strategy=r["strategy"]) for t in r["turns"]]
+            series += [dict(t, strategy=r["strategy"]) for t in r["timeseries"]]
+    frames = dict(plans=plans, plan_trials=trials, sim_summary=summary, sim_turns=turns,
+                  sim_timeseries=series)
+    return {k: pd.DataFrame(v) for k, v in frames.items()}, errors
+
+
+def run_scenario_file(
+    path: str | Path, out_root: str | Path = "out", *, backend: str = "local",
+    num_workers: int | None = None, ray_address: str | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> RunResult:
+    """Compare, simulate and plan every strategy of a scenario; write report and tables.
+
+    Simulations and plans are points stored under out/<name>/points as they finish, so an
+    interrupted run resumes without recomputing them.
+    """
+    path = Path(path)
+    scenario = load_scenario(path)
+    out_dir = Path(out_root) / file_name(scenario.name)
+    comparisons = run_comparisons(scenario)
+    offline = is_offline(scenario.workload)
+    notes = (OFFLINE_NOTE,) if offline else ()
+    tasks = scenario_tasks(scenario, "sim") + ([] if offline else scenario_tasks(scenario, "plan"))
+    records = run_points(tasks, _run_point, PointStore(out_dir / "points"), backend=backend,
+                         num_workers=num_workers, ray_address=ray_address,
+                         on_done=progress_counter(len(tasks), on_progress))
+    frames, errors = _collect(records)
+    tables = write_table(tidy(comparisons), out_dir / "comparisons")
+    for name, df in {**comparisons, **frames}.items():
+        if not df.empty:
+            tables += write_table(df, out_dir / "tables" / name)
+    pricing = pd.DataFrame([{"strategy": k, "priced by": v}
+                            for k, v in pricing_sources(scenario, path.parent).items()])
+    sections = ([ReportSection("Capacity plan", note) for note in notes]
+                + [ReportSection("Cost profile", PRICING_NOTE, [], [pricing])]
+                + _plan_sections(frames["plans"], frames["plan_trials"])
+                + _sim_sections(frames["sim_summary"], frames["sim_turns"],
+                                frames["sim_timeseries"])
+                + _sections(comparisons))
+    if errors:
+        failed = pd.DataFrame([{"point": k, "error": v} for k, v in errors.items()])
+        sections.append(ReportSection("Failed points", "These points raised; rerun to retry.",
+                                      [], [failed]))
+    subtitle = f"{scenario.description.strip()} Generated {timestamp()} from {path}."
+    page = render_html(f"molcap: {scenario.name}", subtitle, sections,
+                       path.read_text(encoding="utf-8"))
+    report = out_dir / "report.html"
+    write_atomic(report, page.encode("utf-8"))
+    return RunResult(scenario, report, tables, comparisons, frames["plans"], errors, len(tasks),
+                     notes)
+
+
+def _run_point(payload: dict) -> dict:
+    return plan_point(payload) if payload["what"] == "plan" else simulate_point(payload)

@@ -1,0 +1,91 @@
+"""Per-strategy work of `molcap run` as resumable points: a capacity plan and a simulation.
+
+Each point function takes a JSON payload (the scenario dump and the strategy index) and returns
+a JSON-able record, so points run in worker processes or on Ray and are stored as they finish.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+
+import pandas as pd
+
+from planner.predict.simulation import simulate_strategy
+from planner.scenario.schema import Scenario
+from planner.search.slo_search import Plan, Trial
+from planner.search.strategy_plan import plan_strategy
+from sim.io.files import file_name
+from sim.io.points import PointTask, content_digest
+
+MAX_TURN_ROWS = 20_000
+"""Turn rows kept per strategy in a stored simulation record (the report samples them)."""
+
+
+def _trial_row(label: str, trial: Trial) -> dict:
+    d = trial.deployment
+    row = dict(strategy=label, gpu=d.gpu, tensor_parallel_size=d.tensor_parallel_size,
+               num_replicas=d.num_replicas, num_model_copies=d.num_model_copies,
+               num_router_replicas=d.num_router_replicas,
+               max_num_seqs=d.max_num_seqs, max_loras=d.max_loras, num_gpus=d.num_gpus,
+               rate_per_s=trial.rate_per_s, cost_per_hour_usd=trial.cost_per_hour_usd,
+               meets_slo=trial.meets_slo, violations="; ".join(trial.violations),
+               num_seeds=trial.num_seeds)
+    for key in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s",
+                "e2e_p99_s", "output_tokens_per_s", "reply_tokens_per_s", "goodput_turns_per_s",
+                "misroute_rate", "routing_gpu_share"):
+        if key in trial.mean:
+            row[key] = trial.mean[key]
+            row[f"{key}_min"], row[f"{key}_max"] = trial.low[key], trial.high[key]
+    return row
+
+
+def plan_record(label: str, plan: Plan, dropped: list[str]) -> dict:
+    """A plan as plain JSON: the chosen trial, runner-ups, Pareto front and every trial."""
+    chosen = _trial_row(label, plan.chosen) if plan.chosen else None
+    if chosen is not None:
+        chosen["cost_per_million_tokens_usd"] = plan.cost_per_million_tokens_usd
+        chosen["per_replica_rate_per_s"] = plan.per_replica_rate_per_s
+    return dict(
+        strategy=label, is_feasible=plan.is_feasible, reason=plan.reason, chosen=chosen,
+        runner_ups=[_trial_row(label, t) for t in plan.runner_ups],
+        pareto_front=[_trial_row(label, t) for t in plan.pareto_front],
+        trials=[_trial_row(label, t) for t in plan.trials],
+        capacities=[dict(asdict(d), rate_per_s=r) for d, r in plan.capacities.items()],
+        dropped=dropped, pruned=list(plan.pruned),
+    )
+
+
+def plan_point(payload: dict) -> dict:
+    """Point function: capacity plan of one strategy."""
+    scenario = Scenario.model_validate(payload["scenario"])
+    index = payload["index"]
+    plan, dropped = plan_strategy(scenario, index)
+    return plan_record(scenario.strategies[index].label, plan, dropped)
+
+
+def _json_rows(df: pd.DataFrame) -> list[dict]:
+    return json.loads(df.to_json(orient="records"))
+
+
+def simulate_point(payload: dict) -> dict:
+    """Point function: simulate one strategy on the scenario's own hardware."""
+    scenario = Scenario.model_validate(payload["scenario"])
+    index = payload["index"]
+    result = simulate_strategy(scenario, index)
+    summary = {k: (None if isinstance(v, float) and math.isnan(v) else v)
+               for k, v in result.summary.items()}
+    return dict(strategy=scenario.strategies[index].label, summary=summary,
+                turns=_json_rows(result.turns.head(MAX_TURN_ROWS)),
+                timeseries=_json_rows(result.timeseries),
+                kv_by_namespace=_json_rows(result.kv_by_namespace), stats=result.stats)
+
+
+def scenario_tasks(scenario: Scenario, what: str) -> list[PointTask]:
+    """One task per strategy; the key hashes the whole scenario, so an edit reruns it."""
+    dump = scenario.model_dump(mode="json")
+    digest = content_digest(dump)
+    return [PointTask(f"{what}-{i:02d}-{file_name(st.label)}-{digest}",
+                      {"what": what, "scenario": dump, "index": i})
+            for i, st in enumerate(scenario.strategies)]

@@ -1,0 +1,154 @@
+"""Pure figure builders: tidy DataFrame in, plotly Figure out (shared by the report and the app)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+
+from planner.outputs.sim_figures import strategy_colors
+
+_LAYOUT = dict(template="plotly_white", height=420, legend_title_text="strategy")
+
+
+def _colors(df: pd.DataFrame) -> dict[str, str]:
+    return strategy_colors(df["strategy"].unique()) if "strategy" in df else {}
+
+
+def kv_per_conversation_figure(df: pd.DataFrame) -> go.Figure:
+    """KV GiB per conversation vs context, one panel per number of adapters visited."""
+    fig = px.line(df, x="context_tokens", y="kv_gib", color="strategy",
+                  color_discrete_map=_colors(df),
+                  facet_col="adapters_visited", markers=True, log_x=True, log_y=True,
+                  labels={"context_tokens": "context (tokens)",
+                          "kv_gib": "KV per conversation (GiB)",
+                          "adapters_visited": "adapters visited"},
+                  title="KV memory per conversation")
+    return fig.update_layout(**_LAYOUT)
+
+
+def switch_cost_figure(df: pd.DataFrame) -> go.Figure:
+    """Seconds of one domain switch vs context length."""
+    fig = px.line(df.dropna(subset=["switch_s"]), x="context_tokens", y="switch_s",
+                  color="strategy", markers=True, log_x=True, log_y=True,
+                  hover_data=["mechanism"], color_discrete_map=_colors(df),
+                  labels={"context_tokens": "context (tokens)", "switch_s": "switch cost (s)"},
+                  title="Cost of one domain switch (handoff vs bounded replay vs re-prefill)")
+    return fig.update_layout(**_LAYOUT)
+
+
+def routing_vs_reply_figure(df: pd.DataFrame) -> go.Figure:
+    """Routing share of a turn vs tokens decoded per turn (one decision per turn)."""
+    fig = px.line(df, x="decode_tokens_per_turn", y="routing_share", color="strategy",
+                  markers=True, log_x=True, color_discrete_map=_colors(df),
+                  labels={"decode_tokens_per_turn": "tokens decoded per turn (tokens)",
+                          "routing_share": "routing share of the turn (%)"},
+                  title="Routing overhead vs reply length (one decision per turn)")
+    return fig.update_layout(yaxis_tickformat=".0%", **_LAYOUT)
+
+
+def routing_vs_frequency_figure(df: pd.DataFrame) -> go.Figure:
+    """Routing (and switch) share vs a decision every k decoded tokens."""
+    fig = px.line(df, x="decision_every_tokens", y="routing_and_switch_share", color="strategy",
+                  markers=True, log_x=True, hover_data=["decision_s", "switch_s", "decode_s"],
+                  color_discrete_map=_colors(df),
+                  labels={"decision_every_tokens": "a decision (and switch) every k tokens",
+                          "routing_and_switch_share": "share of time routing and switching (%)"},
+                  title="Routing and switching overhead vs decision frequency")
+    return fig.update_layout(yaxis_tickformat=".0%", **_LAYOUT)
+
+
+def decode_step_figure(df: pd.DataFrame) -> go.Figure:
+    """Decode step time vs distinct adapters in the batch."""
+    fig = px.line(df, x="distinct_adapters", y="step_s", color="strategy", markers=True,
+                  log_x=True, color_discrete_map=_colors(df),
+                  hover_data=["lora_s", "direft_s", "attention_s", "dense_gemm_s"],
+                  labels={"distinct_adapters": "distinct adapters in the decode batch",
+                          "step_s": "decode step (s)"},
+                  title="Decode step time vs adapter mix (multi-LoRA vs PreFT)")
+    return fig.update_layout(**_LAYOUT)
+
+
+COMPARISON_FIGURES = {
+    "kv_per_conversation": kv_per_conversation_figure,
+    "switch_cost": switch_cost_figure,
+    "routing_vs_reply_length": routing_vs_reply_figure,
+    "routing_vs_decision_frequency": routing_vs_frequency_figure,
+    "decode_step_vs_adapters": decode_step_figure,
+}
+"""Comparison name -> its figure builder."""
+
+
+def pareto_figure(trials: pd.DataFrame) -> go.Figure:
+    """Cost per hour vs p99 end-to-end latency of every deployment tried at the target rate."""
+    data = trials.dropna(subset=["e2e_p99_s"]).assign(
+        slo=lambda d: d["meets_slo"].map({True: "meets SLOs", False: "misses SLOs"}))
+    fig = px.scatter(data, x="cost_per_hour_usd", y="e2e_p99_s", color="strategy",
+                     symbol="slo", log_y=True, color_discrete_map=_colors(data),
+                     hover_data=["gpu", "tensor_parallel_size", "num_replicas", "max_num_seqs",
+                                 "ttft_p99_s", "tpot_p99_s"],
+                     labels={"cost_per_hour_usd": "cost (USD per hour)",
+                             "e2e_p99_s": "p99 end-to-end per turn (s)"},
+                     title="Deployments tried at the target rate: cost vs p99 latency")
+    return fig.update_layout(**_LAYOUT)
+
+
+_PERCENTILE_NAMES = {"ttft_p50_s": "TTFT p50", "ttft_p99_s": "TTFT p99", "tpot_p50_s": "TPOT p50",
+                     "tpot_p99_s": "TPOT p99", "e2e_p50_s": "end-to-end p50",
+                     "e2e_p99_s": "end-to-end p99"}
+
+
+def sim_latency_figure(summary: pd.DataFrame) -> go.Figure:
+    """p50 and p99 of TTFT, TPOT and end-to-end per strategy, from the simulation."""
+    cols = [c for c in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s",
+                        "e2e_p99_s") if c in summary.columns]
+    long = summary.melt(id_vars=["strategy"], value_vars=cols, var_name="metric",
+                        value_name="seconds")
+    long["metric"] = long["metric"].map(_PERCENTILE_NAMES)
+    fig = px.bar(long, x="metric", y="seconds", color="strategy", barmode="group", log_y=True,
+                 color_discrete_map=_colors(summary),
+                 labels={"metric": "latency percentile", "seconds": "latency (s, log)"},
+                 title="Simulated latency on the scenario's hardware")
+    return fig.update_layout(**_LAYOUT)
+
+
+def plan_figure(plans: pd.DataFrame) -> go.Figure:
+    """Cost per hour of each strategy's cheapest deployment (feasible ones), GPUs on the bar."""
+    data = plans[plans["is_feasible"].astype(bool)].sort_values("cost_per_hour_usd")
+    data = data.assign(deployment=lambda d: d["num_gpus"].astype(int).astype(str) + " x "
+                       + d["gpu"].astype(str))
+    fig = px.bar(data, x="strategy", y="cost_per_hour_usd", color="strategy", text="deployment",
+                 color_discrete_map=_colors(data),
+                 hover_data=[c for c in ("tensor_parallel_size", "num_replicas",
+                                         "cost_per_million_tokens_usd", "ttft_p99_s",
+                                         "tpot_p99_s", "e2e_p99_s") if c in data],
+                 labels={"cost_per_hour_usd": "cost of the cheapest deployment (USD per hour)",
+                         "strategy": "strategy"},
+                 title="Capacity plan: cheapest deployment per strategy within the SLOs")
+    return fig.update_layout(showlegend=False, **_LAYOUT)
+
+
+def variants_figure(summary: pd.DataFrame, metric: str, unit: str) -> go.Figure:
+    """One metric per strategy for two scenario variants side by side (column `variant`): the
+    colour stays the strategy's, the pattern tells the variants apart."""
+    fig = go.Figure()
+    for i, (variant, group) in enumerate(summary.groupby("variant", sort=False)):
+        colors = list(_colors(group).get(s, None) for s in group["strategy"])
+        fig.add_trace(go.Bar(name=str(variant), x=group["strategy"], y=group[metric],
+                             marker_color=colors, marker_pattern_shape="" if i == 0 else "/",
+                             hovertemplate="%{x}: %{y:.4g}<extra>" + str(variant) + "</extra>"))
+    fig.update_layout(barmode="group", title=f"{unit}: before vs after", xaxis_title="strategy",
+                      yaxis_title=unit, **{**_LAYOUT, "legend_title_text": "variant"})
+    return fig
+
+
+def sweep_figure(table: pd.DataFrame, param: str, metric: str,
+                 dash: str | None = None) -> go.Figure:
+    """A sweep's metric vs one varied field, a line per strategy (`dash`: a second field)."""
+    data = table.sort_values(param)
+    fig = px.line(data, x=param, y=metric, color="strategy", markers=True, line_dash=dash,
+                  color_discrete_map=_colors(data),
+                  labels={param: param.split(".")[-1].replace("_", " "),
+                          metric: metric.replace("_", " ")},
+                  title=f"{metric} vs {param}")
+    return fig.update_layout(**{**_LAYOUT, "height": 380})

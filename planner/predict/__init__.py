@@ -1,0 +1,1 @@
+"""How the planner predicts a strategy's numbers: by simulating it, or analytically."""

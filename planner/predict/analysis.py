@@ -1,0 +1,290 @@
+"""The four analytical comparisons of the first report, from the cost and memory models only.
+
+1. KV memory per conversation vs adapters visited and context length.
+2. Cost of one domain switch vs context length (handoff prefill, bounded replay, re-prefill).
+3. Routing overhead as a share of the turn vs reply length and vs a decision every k tokens.
+4. Decode step time vs distinct adapters in the batch.
+Each returns a tidy DataFrame; nothing here is hard-coded beyond the scenario's own inputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from planner.scenario.pricing import StrategyCosting, create_strategy_costing
+from planner.scenario.schema import Scenario
+from sim.cost.cost_model import create_step_batch, predict_step, routing_decision_s
+from sim.cost.memory_model import conversation_kv
+from sim.cost.phase_costs import decode_run_s, decode_step, prefill_s
+
+GIB = 2**30
+
+
+def _costings(scenario: Scenario) -> list[tuple[object, StrategyCosting]]:
+    return [(st, create_strategy_costing(scenario, i)) for i, st in enumerate(scenario.strategies)]
+
+
+def _labels(strategy, costing: StrategyCosting) -> dict:
+    return dict(strategy=costing.label, kind=strategy.kind, model=costing.arch.name)
+
+
+def _num_options(strategy) -> int:
+    return len(getattr(strategy, "adapters", ()))
+
+
+def decision_time_s(scenario: Scenario, strategy, costing: StrategyCosting,
+                    num_context_tokens: int) -> float:
+    """Seconds one routing decision takes under `strategy` (0 when the client names the adapter).
+
+    A measured time in the scenario wins; otherwise it is derived from the mechanism.
+    """
+    measured = getattr(strategy, "measured_decision_time_s", None)
+    if measured is not None:
+        return measured
+    c, p = costing.coeffs, costing.profile
+    chunk = scenario.engine.max_num_batched_tokens
+    if strategy.kind == "mol":  # L0 prefills the route prompt, then decodes label and reason
+        route = prefill_s(c, p, strategy.num_route_prompt_tokens, max_chunk_tokens=chunk)
+        return route + decode_run_s(c, p, num_tokens=strategy.num_route_decode_tokens,
+                                    num_context_tokens=strategy.num_route_prompt_tokens)
+    routing_layers = (costing.arch.ced.routing_layer + 1) if costing.arch.ced else p.num_layers
+    if strategy.kind == "contextual_mol":  # encoder pass over query + every option description
+        options = _num_options(strategy) * strategy.num_option_description_tokens
+        return prefill_s(c, p, scenario.analysis.num_query_tokens + options,
+                         num_context_tokens=num_context_tokens, max_chunk_tokens=chunk,
+                         is_adapted=False, last_layer=routing_layers, num_routing_decisions=1)
+    if strategy.kind == "mol2":
+        head = routing_decision_s(c, p, 1)
+        if strategy.routing == "in_engine":
+            return head  # H19 comes from the normal prefill; only the head runs
+        # A second request prefills the context only to expose H19.
+        return head + prefill_s(c, p, num_context_tokens, max_chunk_tokens=chunk,
+                                is_adapted=False, last_layer=routing_layers)
+    return 0.0
+
+
+def _replay_in_step_s(costing: StrategyCosting, num_query_tokens: int,
+                      num_context_tokens: int, *, window_tokens: int | None = None,
+                      layers: tuple[int, int] | None = None) -> float:
+    """What rebuilding a window adds to the step that prefills the user turn (the engine runs
+    it with the answer's first chunk): the step with it minus the step without it. By default
+    the bounded replay (the decoder layers); `layers` (first, last) and `window_tokens` price
+    another window, the encoder's re-encode of C[-W:]."""
+    c, p = costing.coeffs, costing.profile
+    window = costing.replay_window_tokens if window_tokens is None else window_tokens
+    replay = min(window, num_context_tokens)
+    first, last = layers or (costing.first_decoder_layer, p.num_layers)
+    items = dict(num_layers=p.num_layers, adapter_ids=[0, 0], is_adapted=[True, True],
+                 first_layer=[0, first], last_layer=[p.num_layers, last],
+                 is_replay=[False, True], is_last_chunk=[True, False])
+    both = create_step_batch([num_query_tokens, replay],
+                             [num_context_tokens, num_context_tokens - replay], **items)
+    alone = create_step_batch([num_query_tokens], [num_context_tokens],
+                              **{k: v[:1] if isinstance(v, list) else v for k, v in items.items()})
+    return predict_step(c, p, both).total_s - predict_step(c, p, alone).total_s
+
+
+def switch_cost_s(scenario: Scenario, strategy, costing: StrategyCosting,
+                  num_context_tokens: int) -> tuple[float, str]:
+    """Seconds one domain switch adds to a turn at this context, and the mechanism's name: the
+    turn's prefill of the user turn with the switch minus without it (the analysis query)."""
+    c, p = costing.coeffs, costing.profile
+    chunk = scenario.engine.max_num_batched_tokens
+    query = scenario.analysis.num_query_tokens
+    if strategy.kind == "base":
+        return math.nan, "none (no adapters)"
+    if strategy.kind == "multi_agent":
+        tokens = strategy.num_handover_tokens or num_context_tokens
+        return prefill_s(c, p, tokens, max_chunk_tokens=chunk), "handover prefill (next model)"
+    if costing.kv_layout == "shared":  # adapters on the decoder side of a CED model
+        seconds = _replay_in_step_s(costing, query, num_context_tokens)
+        mechanism = "bounded replay"
+    else:  # the context again under the target, with the user turn, instead of the turn alone
+        seconds = (prefill_s(c, p, num_context_tokens + query, max_chunk_tokens=chunk)
+                   - prefill_s(c, p, query, num_context_tokens=num_context_tokens,
+                               max_chunk_tokens=chunk))
+        mechanism = "handoff prefill" if strategy.kind == "mol" else "re-prefill"
+    if strategy.kind == "mol" and strategy.max_summary_tokens:
+        # the answering adapter writes a summary for later hops
+        seconds += decode_run_s(c, p, num_tokens=strategy.max_summary_tokens,
+                                num_context_tokens=num_context_tokens)
+        mechanism += " + summary hop"
+    return seconds, mechanism
+
+
+def kv_per_conversation(scenario: Scenario) -> pd.DataFrame:
+    """Comparison 1: KV bytes one conversation holds, by strategy, context and adapters visited."""
+    rows = []
+    a = scenario.analysis
+    for strategy, costing in _costings(scenario):
+        temporary = 0
+        if strategy.kind == "contextual_mol":
+            options = _num_options(strategy) * strategy.num_option_description_tokens
+            temporary = a.num_query_tokens + options  # the decision's global-KV branch
+        for visited in a.adapters_visited:
+            for ctx in a.context_tokens:
+                kv = conversation_kv(costing.arch, costing.kv_layout, ctx, visited,
+                                     scenario.engine.block_size, temporary)
+                rows.append(dict(_labels(strategy, costing), context_tokens=ctx,
+                                 adapters_visited=visited,
+                                 kv_gib=kv.total_bytes / GIB, shared_gib=kv.shared_bytes / GIB,
+                                 per_adapter_gib=kv.per_adapter_bytes / GIB,
+                                 window_gib=kv.window_bytes / GIB,
+                                 temporary_gib=kv.temporary_bytes / GIB))
+    return pd.DataFrame(rows)
+
+
+def switch_cost(scenario: Scenario) -> pd.DataFrame:
+    """Comparison 2: seconds of one domain switch vs context length."""
+    rows = []
+    for strategy, costing in _costings(scenario):
+        for ctx in scenario.analysis.context_tokens:
+            seconds, mechanism = switch_cost_s(scenario, strategy, costing, ctx)
+            rows.append(dict(_labels(strategy, costing), context_tokens=ctx, switch_s=seconds,
+                             mechanism=mechanism))
+    return pd.DataFrame(rows)
+
+
+def _tpot_s(scenario: Scenario, strategy, costing: StrategyCosting, ctx: int) -> float:
+    a = scenario.analysis
+    if a.measured_turn_per_token_s is not None:
+        return a.measured_turn_per_token_s
+    return decode_step(costing.coeffs, costing.profile, batch_size=a.decode_batch_size,
+                       num_context_tokens=ctx, num_distinct_adapters=_batch_adapters(strategy, a),
+                       is_adapted=strategy.kind != "preft").total_s
+
+
+def _batch_adapters(strategy, analysis) -> int:
+    return min(_num_options(strategy), analysis.decode_batch_size)
+
+
+def _direct_turn_s(scenario: Scenario, strategy, costing: StrategyCosting,
+                   num_decode_tokens: int) -> float:
+    """A turn with the right adapter and no routing: prefill the user turn, decode the reply."""
+    a = scenario.analysis
+    if a.measured_turn_fixed_s is not None:
+        return a.measured_turn_fixed_s + a.measured_turn_per_token_s * num_decode_tokens
+    c, p, ctx = costing.coeffs, costing.profile, a.num_turn_context_tokens
+    first = prefill_s(c, p, a.num_query_tokens, num_context_tokens=ctx,
+                      max_chunk_tokens=scenario.engine.max_num_batched_tokens)
+    ced = costing.arch.ced
+    if ced is not None and scenario.engine.ced_encoder_window == "recompute":
+        first += _replay_in_step_s(costing, a.num_query_tokens, ctx,
+                                   window_tokens=ced.sliding_window_tokens,
+                                   layers=(0, ced.num_encoder_layers))
+    # The prefill samples the first reply token; the decode steps make the rest.
+    return first + decode_run_s(c, p, num_tokens=num_decode_tokens - 1,
+                                num_context_tokens=ctx + a.num_query_tokens,
+                                batch_size=a.decode_batch_size,
+                                num_distinct_adapters=_batch_adapters(strategy, a),
+                                is_adapted=strategy.kind != "preft")
+
+
+def routing_overhead(scenario: Scenario) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Comparison 3: routing share of a turn vs reply length, and vs a decision every k tokens."""
+    a = scenario.analysis
+    ctx = a.num_turn_context_tokens
+    per_turn, per_k = [], []
+    for strategy, costing in _costings(scenario):
+        decision = decision_time_s(scenario, strategy, costing, ctx)
+        base = dict(_labels(strategy, costing), decision_s=decision)
+        for tokens in a.decode_tokens_per_turn:
+            turn = _direct_turn_s(scenario, strategy, costing, tokens)
+            per_turn.append(dict(base, decode_tokens_per_turn=tokens, direct_turn_s=turn,
+                                 routing_share=decision / (turn + decision)))
+        tpot = _tpot_s(scenario, strategy, costing, ctx)
+        switch, _ = switch_cost_s(scenario, strategy, costing, ctx)
+        switch = 0.0 if math.isnan(switch) else switch
+        for k in a.decision_every_tokens:
+            decode = k * tpot
+            per_k.append(dict(base, decision_every_tokens=k, decode_s=decode, switch_s=switch,
+                              routing_share=decision / (decision + decode),
+                              routing_and_switch_share=(decision + switch)
+                              / (decision + switch + decode)))
+    return pd.DataFrame(per_turn), pd.DataFrame(per_k)
+
+
+def decode_step_vs_adapters(scenario: Scenario) -> pd.DataFrame:
+    """Comparison 4: one decode step's time vs distinct adapters in the batch, by term."""
+    a = scenario.analysis
+    rows = []
+    for strategy, costing in _costings(scenario):
+        has_adapters = costing.profile.adapter_kind != "none"
+        for distinct in a.distinct_adapters:
+            if distinct > a.decode_batch_size:
+                continue
+            step = decode_step(costing.coeffs, costing.profile, batch_size=a.decode_batch_size,
+                               num_context_tokens=a.num_turn_context_tokens,
+                               num_distinct_adapters=distinct if has_adapters else 0,
+                               is_adapted=strategy.kind != "preft")
+            rows.append(dict(_labels(strategy, costing), distinct_adapters=distinct,
+                             step_s=step.total_s,
+                             **{k: v for k, v in step.as_dict().items() if k != "total_s"}))
+    return pd.DataFrame(rows)
+
+
+def memory_summary(scenario: Scenario) -> pd.DataFrame:
+    """Per-GPU memory split and KV capacity of one replica, by strategy."""
+    e, hw = scenario.engine, scenario.hardware
+    rows = []
+    for strategy, costing in _costings(scenario):
+        mem = e.memory(costing.arch, costing.gpu, hw.tensor_parallel_size,
+                       uses_lora=costing.profile.adapter_kind != "none")
+        rows.append(dict(_labels(strategy, costing), gpu=costing.gpu.name,
+                         weights_gib_per_gpu=mem.weight_bytes / GIB,
+                         lora_slots_gib_per_gpu=mem.adapter_slot_bytes / GIB,
+                         activations_gib_per_gpu=mem.activation_bytes / GIB,
+                         window_state_gib_per_gpu=mem.window_state_bytes / GIB,
+                         kv_pool_gib_per_gpu=max(mem.kv_pool_bytes, 0) / GIB,
+                         num_kv_blocks=mem.num_kv_blocks, num_kv_tokens=mem.num_kv_tokens))
+    return pd.DataFrame(rows)
+
+
+def run_comparisons(scenario: Scenario) -> dict[str, pd.DataFrame]:
+    """The memory summary and the four comparisons, by name."""
+    per_turn, per_k = routing_overhead(scenario)
+    return {
+        "memory_summary": memory_summary(scenario),
+        "kv_per_conversation": kv_per_conversation(scenario),
+        "switch_cost": switch_cost(scenario),
+        "routing_vs_reply_length": per_turn,
+        "routing_vs_decision_frequency": per_k,
+        "decode_step_vs_adapters": decode_step_vs_adapters(scenario),
+    }
+
+
+def tidy(comparisons: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """One long table: comparison, strategy, kind, model, other keys, then metric and value."""
+    keys = ["strategy", "kind", "model"]
+    frames = []
+    for name, df in comparisons.items():
+        numeric = [c for c in df.columns if c not in keys and pd.api.types.is_numeric_dtype(df[c])]
+        long = df.melt(id_vars=[c for c in df.columns if c not in numeric] , value_vars=numeric,
+                       var_name="metric", value_name="value")
+        frames.append(long.dropna(subset=["value"]).assign(comparison=name))  # NaN: n/a
+    out = pd.concat(frames, ignore_index=True)
+    first = ["comparison", *keys, "metric", "value"]
+    return out[first + [c for c in out.columns if c not in first]]
+
+
+def strategy_summary(scenario: Scenario) -> pd.DataFrame:
+    """One row per strategy at the analysis turn: decision, switch, decode step, KV, capacity."""
+    a, e = scenario.analysis, scenario.engine
+    ctx = a.num_turn_context_tokens
+    memory = memory_summary(scenario).set_index("strategy")
+    rows = []
+    for strategy, costing in _costings(scenario):
+        switch, mechanism = switch_cost_s(scenario, strategy, costing, ctx)
+        visited = max(1, _num_options(strategy))
+        kv = conversation_kv(costing.arch, costing.kv_layout, ctx, visited, e.block_size)
+        rows.append(dict(
+            _labels(strategy, costing), gpu=costing.gpu.name,
+            decision_s=decision_time_s(scenario, strategy, costing, ctx),
+            switch_s=switch, switch_mechanism=mechanism,
+            decode_step_s=_tpot_s(scenario, strategy, costing, ctx),
+            kv_gib_per_conversation=kv.total_bytes / GIB,
+            num_kv_tokens=int(memory.loc[costing.label, "num_kv_tokens"]),
+        ))
+    return pd.DataFrame(rows)

@@ -1,0 +1,190 @@
+"""Resolve one strategy of a scenario into what the cost model needs: model, GPU, profile, and
+the coefficients that price it (a fitted profile file, or the assumed defaults).
+
+Fitted profiles live in `calibrate/profiles/<name>.yaml` (written by `molcap calibrate fit`).
+A scenario names one in `hardware.profile`; without one, a GPU kind with a shipped profile
+(`DEFAULT_PROFILES`) uses it and every other kind the assumed `sim.cost.cost_model` defaults.
+`pricing_sources(scenario)` says which priced each strategy (the report and dashboard show it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.scenario.schema import Scenario
+from sim.cost.cost_model import CostCoeffs, default_coeffs
+from sim.cost.layer_costs import LayerCosts, create_layer_costs
+from sim.cost.profile import PROFILES_DIR, CalibrationProfile, load_profile, profile_path
+from sim.hardware.specs import GpuSpec, ModelArch
+from sim.io.yaml_input import ScenarioError, parse_yaml
+from sim.strategies.placement import KvLayout, adapter_placements, kv_layout
+
+
+@dataclass(frozen=True)
+class StrategyCosting:
+    """A strategy resolved for costing: its model, GPU, TP, profile and coefficients."""
+
+    label: str
+    kind: str
+    arch: ModelArch
+    gpu: GpuSpec
+    tensor_parallel_size: int
+    profile: LayerCosts
+    coeffs: CostCoeffs
+    replay_window_tokens: int
+    """Bounded replay length (the strategy's override, else the model's window; 0 if none)."""
+    kv_layout: KvLayout
+    """What the adapters' placement implies for KV (`sim.strategies.placement.kv_layout`)."""
+
+    @property
+    def first_decoder_layer(self) -> int:
+        """First layer a bounded replay recomputes (0 on a decoder-only model)."""
+        return self.arch.ced.num_encoder_layers if self.arch.ced else 0
+
+
+def _adapter_kind(strategy) -> str:
+    if strategy.kind in ("base", "multi_agent"):
+        return "none"
+    if strategy.kind == "preft" and strategy.variant == "direft_p":
+        return "direft"
+    return "lora"
+
+
+def create_strategy_costing(
+    scenario: Scenario, index: int, *, gpu: GpuSpec | None = None,
+    tensor_parallel_size: int | None = None, coeffs: CostCoeffs | None = None,
+) -> StrategyCosting:
+    """Cost profile of strategy `index`; adapters are priced at engine.max_lora_rank because
+    vLLM pads every adapter slot to it, on the union of the adapters' placements."""
+    strategy = scenario.strategies[index]
+    arch = scenario.strategy_arch(index)
+    gpu = gpu or scenario.hardware.gpu_spec
+    tp = tensor_parallel_size or scenario.hardware.tensor_parallel_size
+    kind = _adapter_kind(strategy)
+    every = [adapter_placements(arch, a.layers, a.target_modules)
+             for a in (getattr(strategy, "adapters", ()) if kind != "none" else ())]
+    placements = set().union(*every)
+    profile = create_layer_costs(
+        arch, gpu, tp, adapter_kind=kind, adapter_rank=scenario.engine.max_lora_rank,
+        adapter_placements=sorted(placements),
+        num_head_params=getattr(strategy, "num_head_params", 0),
+    )
+    window = getattr(strategy, "replay_window_tokens", None) or profile.window_tokens
+    if coeffs is None:
+        coeffs = (resolve_pricing(scenario).coeffs if gpu.name == scenario.hardware.gpu_spec.name
+                  else _gpu_default(gpu).coeffs)
+    return StrategyCosting(strategy.label, strategy.kind, arch, gpu, tp, profile, coeffs, window,
+                           kv_layout(arch, strategy.kind, every))
+
+
+DEFAULT_PROFILES = {"cpu": "cpu-vllm-tiny-llama"}
+"""GPU kind -> shipped profile used when a scenario names none."""
+
+
+@dataclass(frozen=True)
+class PricingSource:
+    """What priced one strategy's steps."""
+
+    coeffs: CostCoeffs
+    profile: CalibrationProfile | None
+    """The fitted profile, or None for assumed defaults."""
+    path: Path | None
+    is_default: bool
+    """True when the scenario named no profile (a shipped default, or assumed coefficients)."""
+
+    def describe(self) -> str:
+        """One line for reports: which profile, measured where, with what error."""
+        if self.profile is None:
+            return "assumed coefficients (sim.cost.coeffs.DEFAULT_COEFFS; no fitted profile)"
+        p = self.profile
+        test = [r for r in p.fit.errors if r.split == "test" and r.group == "all"]
+        error = f", held-out step MAPE {test[0].mape:.1%}" if test else ""
+        how = "shipped default for " + p.hardware.gpu if self.is_default else "named"
+        return (f"profile {p.name} ({how}; {p.engine.name} {p.engine.version} on "
+                f"{p.model}, fitted {p.created_utc[:10]}{error})")
+
+
+def profile_mismatches(profile: CalibrationProfile, scenario: Scenario) -> list[str]:
+    """Why `profile` cannot price `scenario` (model, GPU, engine version), naming both sides."""
+    out = []
+    gpu = scenario.hardware.gpu_spec.name
+    if profile.hardware.gpu != gpu:
+        out.append(f"profile {profile.name!r} was measured on GPU {profile.hardware.gpu!r}, "
+                   f"the scenario runs on {gpu!r}")
+    models = sorted({scenario.strategy_arch(i).name for i in range(len(scenario.strategies))})
+    for model in models:
+        if model != profile.model:
+            out.append(f"profile {profile.name!r} was measured on model {profile.model!r}, "
+                       f"the scenario serves {model!r}")
+    version = scenario.engine.version
+    if version is not None and version != profile.engine.version:
+        out.append(f"profile {profile.name!r} was measured on {profile.engine.name} "
+                   f"{profile.engine.version}, the scenario's engine.version is {version!r}")
+    return out
+
+
+def _gpu_default(gpu) -> PricingSource:
+    default = DEFAULT_PROFILES.get(gpu.name)
+    if default is None or not profile_path(default).exists():
+        return PricingSource(default_coeffs(gpu), None, None, True)
+    path = profile_path(default)
+    profile = load_profile(path)
+    return PricingSource(profile.coefficients, profile, path, True)
+
+
+def resolve_pricing(scenario: Scenario, base_dir: Path | None = None, *,
+                    strict: bool = False) -> PricingSource:
+    """The coefficients that price `scenario`: its named profile (checked against its model,
+    GPU and engine version), else the GPU kind's shipped profile, else assumed defaults. A
+    named profile prices only its own GPU kind: a search trying other kinds prices those with
+    their defaults, unless `strict` (loading a scenario), where that is an error too."""
+    gpu = scenario.hardware.gpu_spec
+    ref = scenario.hardware.profile
+    if ref is None:
+        return _gpu_default(gpu)
+    path = profile_path(ref, base_dir)
+    profile = load_profile(path)
+    if not strict and profile.hardware.gpu != gpu.name:
+        return _gpu_default(gpu)
+    problems = profile_mismatches(profile, scenario)
+    if problems:
+        raise ScenarioError([f"hardware.profile: {p}; allowed: a profile measured on the "
+                             f"scenario's model, GPU and engine (molcap calibrate profile ...)"
+                             for p in problems])
+    return PricingSource(profile.coefficients, profile, path, False)
+
+
+def pricing_sources(scenario: Scenario, base_dir: Path | None = None) -> dict[str, str]:
+    """Strategy label -> the line saying which profile (or assumed default) prices it."""
+    source = resolve_pricing(scenario, base_dir).describe()
+    return {strategy.label: source for strategy in scenario.strategies}
+
+
+def check_named_profile(scenario: Scenario, text: str, source: str, base_dir: Path) -> None:
+    """Located errors when the scenario's `hardware.profile` is unreadable, invalid, or for
+    another model, GPU or engine version (`load_scenario` calls this)."""
+    if scenario.hardware.profile is None:
+        return
+    try:
+        resolve_pricing(scenario, base_dir, strict=True)
+    except ScenarioError as err:
+        line = parse_yaml(text, source)[1].line_of(("hardware", "profile"))
+        where = f"{source}:{line}: "
+        raise ScenarioError([where + (m if m.startswith("hardware.profile:")
+                                      else f"hardware.profile: {m}")
+                             for m in err.messages]) from None
+
+
+def anchor_profile(scenario: Scenario, folder: Path) -> Scenario:
+    """The scenario with a relative `hardware.profile` path made absolute against its file's
+    folder, so worker processes read the same profile from any working directory (a profile
+    name stays a name)."""
+    ref = scenario.hardware.profile
+    if ref is None or Path(ref).is_absolute() or profile_path(ref).parent == PROFILES_DIR:
+        return scenario
+    near = Path(folder) / ref
+    if not near.exists():
+        return scenario
+    hardware = scenario.hardware.model_copy(update={"profile": str(near.resolve())})
+    return scenario.model_copy(update={"hardware": hardware})

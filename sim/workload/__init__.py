@@ -1,0 +1,1 @@
+"""Workloads as columnar arrays: synthetic generators and real traces."""
