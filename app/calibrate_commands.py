@@ -1,5 +1,6 @@
-"""`molcap calibrate profile|fit|validate`: thin commands over calibrate/ (imported lazily, so
-`molcap` never loads torch or vLLM unless a calibration command runs); composed by app.cli."""
+"""`molcap calibrate profile|fit|validate|import`: thin commands over calibrate/ (imported
+lazily, so `molcap` never loads torch or vLLM unless a calibration command runs); composed by
+app.cli."""
 
 from __future__ import annotations
 
@@ -105,3 +106,25 @@ def validate(
     except (RuntimeError, ValueError) as err:
         _fail(f"calibrate validate: {err}")
     console.print(f"table: {md} (and {md.with_suffix('.json').name})")
+
+
+@app.command("import")
+def import_dataset(
+    dataset: Annotated[str, typer.Argument(
+        help="agullo-dt, memory-gap, vidur, llmservingsim-profiles or splitwise.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")],
+    data_dir: Annotated[Path | None, typer.Option(
+        help="Data root holding gpu/<dataset> (default: $MOLCAP_DATA_DIR, else the "
+             "repository's data/ slices).")] = None,
+):
+    """Read a public real-GPU dataset into typed records: OUT/<kind>.parquet and .csv per
+    record kind, and one line of rows per kind (docs/gpu-data.md)."""
+    from calibrate.gpu_data.base import DatasetMissingError, GpuDataError
+    from calibrate.gpu_data.export import run
+
+    try:
+        with console.status(f"importing {dataset}"):
+            result = run(dataset, data_dir, out)
+    except (DatasetMissingError, GpuDataError) as err:
+        _fail(f"calibrate import: {err}")
+    console.print(result.summary())

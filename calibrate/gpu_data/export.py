@@ -1,5 +1,6 @@
 """`import_dataset` (find a dataset, run its importer) and `write_records` (parquet + CSV per
-record kind); `main` is the command line, also reachable as `molcap calibrate import`.
+record kind); `run` is what `molcap calibrate import` does; `main` the same as a module
+command line without Typer.
 
     python -m calibrate.gpu_data agullo-dt --data-dir ../shared/data --out out/gpu/agullo-dt
 

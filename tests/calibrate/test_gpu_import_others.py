@@ -143,3 +143,20 @@ def test_missing_or_incomplete_dataset_folder_exits_2(tmp_path, dataset):
 def test_the_slices_are_the_default_data_root(monkeypatch):
     monkeypatch.delenv("MOLCAP_DATA_DIR", raising=False)
     assert import_dataset("splitwise").summary() == "splitwise: phase_time 1,260"
+
+
+def test_molcap_calibrate_import_command(tmp_path):
+    from typer.testing import CliRunner
+
+    from app.cli import app
+
+    runner = CliRunner()
+    done = runner.invoke(app, ["calibrate", "import", "splitwise", "--data-dir", str(REPO_DATA),
+                               "--out", str(tmp_path / "o")])
+    assert done.exit_code == 0, done.output
+    assert "splitwise: phase_time 1,260" in done.output
+    assert (tmp_path / "o" / "phase_time.parquet").exists()
+    done = runner.invoke(app, ["calibrate", "import", "vidur", "--data-dir",
+                               str(tmp_path / "none"), "--out", str(tmp_path / "p")])
+    assert done.exit_code == 2 and "does not exist" in done.output
+    assert done.exception is None or isinstance(done.exception, SystemExit)
