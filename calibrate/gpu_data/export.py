@@ -2,7 +2,7 @@
 record kind); `run` is what `molcap calibrate import` does; `main` the same as a module
 command line without Typer.
 
-    python -m calibrate.gpu_data agullo-dt --data-dir ../shared/data --out out/gpu/agullo-dt
+    python -m calibrate.gpu_data agullo-dt --data-dir "$MOLCAP_DATA_DIR" --out out/gpu/agullo-dt
 
 The data root holds `gpu/<dataset>/` (and Splitwise under `perf/`), as the team's shared data and
 the repository's `data/` slices do; without --data-dir, $MOLCAP_DATA_DIR, else the slices.

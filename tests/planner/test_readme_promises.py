@@ -1,15 +1,19 @@
 """The README's reliability promises, each checked end to end through the real CLI:
 resumable (a rerun after lost points recomputes only those and writes byte-identical tables),
-nothing written outside --out (not the working directory, the scenario's folder or HOME).
-Located errors: tests/planner/test_cli.py, test_yaml_hostile.py, test_validation_gaps.py."""
+nothing written outside --out (not the working directory, the scenario's folder or HOME), and
+the README's example scenario is valid. Located errors: tests/planner/test_cli.py,
+test_yaml_hostile.py, test_validation_gaps.py."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 from planner_helpers import REPO, files_under, write_tiny
+
+from planner.scenario.loading import load_scenario
 
 
 def molcap_in(cwd, *args, home):
@@ -52,3 +56,14 @@ def test_a_rerun_recomputes_only_lost_points_and_writes_identical_tables(tmp_pat
     assert {p: p.stat().st_mtime_ns for p in kept} == kept  # finished points were not redone
     assert all(p.is_file() for p in points)
     assert tables(out) == before
+
+
+def test_the_readme_example_scenario_is_valid(tmp_path):
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    example = re.search(r"```yaml\n(.*?)```", readme, re.DOTALL)
+    assert example, "README.md: the Scenarios section shows a ```yaml example"
+    path = tmp_path / "example.yaml"
+    path.write_text(example.group(1), encoding="utf-8")
+    scenario = load_scenario(path)
+    assert scenario.name == "my_service"
+    assert [s.kind for s in scenario.strategies] == ["multi_lora", "preft"]
