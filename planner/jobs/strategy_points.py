@@ -13,6 +13,7 @@ from dataclasses import asdict
 import pandas as pd
 
 from planner.predict.simulation import simulate_strategy
+from planner.scenario.input_files import input_files_digest
 from planner.scenario.schema import Scenario
 from planner.search.slo_search import Plan, Trial
 from planner.search.strategy_plan import plan_strategy
@@ -83,9 +84,10 @@ def simulate_point(payload: dict) -> dict:
 
 
 def scenario_tasks(scenario: Scenario, what: str) -> list[PointTask]:
-    """One task per strategy; the key hashes the whole scenario, so an edit reruns it."""
+    """One task per strategy; the key hashes the whole scenario and the content of the files it
+    reads (traces, cost profiles), so an edit of either reruns it."""
     dump = scenario.model_dump(mode="json")
-    digest = content_digest(dump)
+    digest = content_digest(dump, input_files_digest(scenario))
     return [PointTask(f"{what}-{i:02d}-{file_name(st.label)}-{digest}",
                       {"what": what, "scenario": dump, "index": i})
             for i, st in enumerate(scenario.strategies)]

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
+from planner.scenario.input_files import input_files_digest
 from planner.scenario.loading import scenario_from_file_text
 from planner.scenario.schema import Scenario
 from sim.frozen import FrozenModel
@@ -70,11 +71,12 @@ def _set_path(data: dict, path: str, value: Any) -> None:
         node[parts[-1]] = value
 
 
-def point_key(index: int, params: dict, scenario: dict, evaluate: str) -> str:
+def point_key(index: int, params: dict, scenario: dict, evaluate: str,
+              inputs: list[str] = ()) -> str:
     """Stable file-name key of a point: its index and a hash of its parameter values, the whole
-    scenario it evaluates (an edit of the base reruns it), what it computes and the model
-    version."""
-    return f"p{index:05d}-{content_digest(params, scenario, evaluate)}"
+    scenario it evaluates (an edit of the base reruns it), the content of the files it reads
+    (`inputs`, from `input_files_digest`), what it computes and the model version."""
+    return f"p{index:05d}-{content_digest(params, scenario, evaluate, list(inputs))}"
 
 
 def _combinations(spec: SweepSpec) -> list[tuple[tuple[int, ...], dict]]:
@@ -111,7 +113,7 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, list[tuple[str, dict, dict]
     points, problems = [], []
     for n, (_, params) in enumerate(_combinations(spec)):
         try:
-            scenario = _apply(base, params)
+            scenario, model = _apply(base, params)
         except (KeyError, ValidationError) as err:
             # Name a bad value on its own spec line when one alone breaks the base (checked at
             # the first failing point only: a valid sweep need not validate each value twice).
@@ -123,18 +125,18 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, list[tuple[str, dict, dict]
             problems += [f"{path}:{index.line_of(('parameters',)) or '?'}: parameters: the point "
                          f"{given} gives an invalid scenario: {d}" for d in _details(err)]
             continue
-        points.append((point_key(n, params, scenario, spec.evaluate), params, scenario))
+        key = point_key(n, params, scenario, spec.evaluate, input_files_digest(model))
+        points.append((key, params, scenario))
     if problems:
         raise ScenarioError(problems)
     return spec, points
 
 
-def _apply(base: dict, params: dict) -> dict:
+def _apply(base: dict, params: dict) -> tuple[dict, Scenario]:
     scenario = pickle.loads(pickle.dumps(base))  # a deep copy, several times faster
     for field_path, value in params.items():
         _set_path(scenario, field_path, value)
-    Scenario.model_validate(scenario)
-    return scenario
+    return scenario, Scenario.model_validate(scenario)
 
 
 def _details(err: Exception) -> list[str]:
