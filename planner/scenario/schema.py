@@ -182,13 +182,15 @@ def _catalogue_problems(s: Scenario) -> list[str]:
         if strategy.model is not None and strategy.model not in MODELS:
             out.append(f"strategies.{i}.model: {strategy.model!r} is not in the catalogue; "
                        f"known: {sorted(MODELS)}")
+    known = sorted({*GPUS, s.hardware.gpu_spec.name})  # the scenario's custom GPU too
     for i, gpu in enumerate(s.search.gpus or ()):
-        if gpu not in GPUS:
-            out.append(f"search.gpus.{i}: {gpu!r} is not in the catalogue; known: {sorted(GPUS)}")
+        if gpu not in known:
+            out.append(f"search.gpus.{i}: {gpu!r} is not in the catalogue nor the scenario's "
+                       f"hardware.gpu; known: {known}")
     for gpu in s.gpu_prices_per_hour_usd:
-        if gpu not in GPUS:
-            out.append(f"gpu_prices_per_hour_usd: {gpu!r} is not a catalogue GPU; "
-                       f"known: {sorted(GPUS)}")
+        if gpu not in known:
+            out.append(f"gpu_prices_per_hour_usd: {gpu!r} is not a catalogue GPU nor the "
+                       f"scenario's hardware.gpu; known: {known}")
     labels = [st.label for st in s.strategies]
     for label in sorted({x for x in labels if labels.count(x) > 1}):
         out.append(f"strategies: two strategies are labelled {label!r}; give each a unique name")

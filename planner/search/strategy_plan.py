@@ -87,8 +87,11 @@ def with_rate(scenario: Scenario, rate_per_s: float, shape: WorkloadShape) -> Sc
 
 def with_deployment(scenario: Scenario, d: Deployment) -> Scenario:
     """The scenario on deployment `d` (one replica spans its TP group)."""
-    hw = scenario.hardware.model_copy(update=dict(
-        gpu=d.gpu, tensor_parallel_size=d.tensor_parallel_size,
+    own = scenario.hardware
+    # The scenario's own GPU keeps its spec: a custom one is in no catalogue to look up by name.
+    gpu = own.gpu if d.gpu == own.gpu_spec.name else d.gpu
+    hw = own.model_copy(update=dict(
+        gpu=gpu, tensor_parallel_size=d.tensor_parallel_size,
         num_gpus_per_replica=d.tensor_parallel_size, num_replicas=d.num_replicas))
     engine = scenario.engine.model_copy(update=dict(max_num_seqs=d.max_num_seqs,
                                                     max_loras=d.max_loras))
