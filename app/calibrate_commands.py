@@ -65,12 +65,16 @@ def fit(
     name: Annotated[str, typer.Option(help="Profile name (file stem).")] = "cpu-vllm-tiny-llama",
     out: Annotated[Path, typer.Option(help="Profiles folder.")] = Path("calibrate/profiles"),
     engine: Annotated[str, typer.Option(help="vllm or ced samples.")] = "vllm",
+    add_verify: Annotated[list[Path] | None, typer.Option(
+        help="A `molcap verify --out` folder whose timed steps join the samples "
+             "(repeatable).")] = None,
 ):
     """Least-squares fit of the cost model to the samples; writes OUT/NAME.yaml."""
     from calibrate import jobs
 
     try:
-        path, profile_ = jobs.fit(samples, name=name, out_dir=out, engine=engine)
+        path, profile_ = jobs.fit(samples, name=name, out_dir=out, engine=engine,
+                                  add_verify=tuple(add_verify or ()))
     except (ValueError, FileNotFoundError) as err:
         _fail(f"calibrate fit: {err}")
     for row in profile_.fit.errors:

@@ -17,6 +17,7 @@ from app.verify_command import verify  # noqa: E402
 from planner.cli.commands import app  # noqa: E402
 
 app.add_typer(calibrate_app, name="calibrate")
+app.command()(verify)
 app.command("verify")(verify)
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +16,10 @@ from planner.outputs.plan_figures import (
     pareto_figure,
     sim_latency_figure,
 )
+from planner.outputs.plan_table import people_plan_table
 from planner.outputs.report import ReportSection, render_html, timestamp, write_table
 from planner.predict.analysis import run_comparisons, tidy
+from planner.predict.intervals import DEFAULT_CONFIDENCE, pricing_errors
 from planner.scenario.loading import load_scenario
 from planner.scenario.pricing import pricing_sources
 from planner.scenario.schema import Scenario
@@ -86,34 +89,31 @@ def _sections(comparisons: dict[str, pd.DataFrame]) -> list[ReportSection]:
     return sections
 
 
-def _plan_sections(plans: pd.DataFrame, trials: pd.DataFrame) -> list[ReportSection]:
+def _plan_sections(plans: pd.DataFrame, trials: pd.DataFrame,
+                   scenario: Scenario) -> list[ReportSection]:
     if plans.empty:
         return []
+    confidence = scenario.search.confidence or DEFAULT_CONFIDENCE
     text = ("The cheapest deployment per strategy that serves the workload's arrival rate within "
             "the SLOs: per-replica capacity by bisection on the rate with the simulator, then "
-            "scale-out, verified at the target rate. Metrics are means over seeds with their "
-            "min and max.")
+            "scale-out, verified at the target rate. Each value is the mean over seeds with its "
+            f"{confidence:.0%} interval: the seeds' spread widened by the measured held-out "
+            "error of the profile that priced it (docs/verify.md). Every column of every "
+            "candidate is in the table files (CSV, parquet).")
+    if scenario.search.confidence is not None:
+        text += (f" Planned at confidence {confidence:.0%}: each latency SLO holds at the "
+                 "upper end of its interval.")
+    errors = {gpu: pricing_errors(scenario, gpu) for gpu in plans.get("gpu", pd.Series())
+              .dropna().unique()}
     runner_ups = trials[trials["kind"] == "runner_up"] if not trials.empty else trials
     at_target = trials[trials["kind"] == "trial"] if not trials.empty else trials
     figures = [pareto_figure(at_target)] if not at_target.empty else []
-    return [ReportSection("Capacity plan", text, figures, [_plan_table(plans)]),
+    table = people_plan_table(plans, errors, confidence)
+    return [ReportSection("Capacity plan", text, figures, [table]),
             ReportSection("Runner-ups", "Other verified deployments, cheapest first."
                           if not runner_ups.empty else "No other candidate was verified.", [],
-                          [runner_ups.drop(columns="kind")] if not runner_ups.empty else [])]
-
-
-_PLAN_COLUMNS = (
-    "strategy", "is_feasible", "gpu", "num_gpus", "tensor_parallel_size", "num_replicas",
-    "cost_per_hour_usd", "cost_per_million_tokens_usd", "per_replica_rate_per_s",
-    "ttft_p99_s", "ttft_p99_s_min", "ttft_p99_s_max", "tpot_p99_s", "e2e_p99_s",
-    "e2e_p99_s_min", "e2e_p99_s_max", "output_tokens_per_s", "misroute_rate",
-    "routing_gpu_share", "max_num_seqs", "max_loras", "reason", "pruned",
-)
-
-
-def _plan_table(plans: pd.DataFrame) -> pd.DataFrame:
-    """The plan's key columns first (the full table is in the table files)."""
-    return plans[[c for c in _PLAN_COLUMNS if c in plans.columns]]
+                          [people_plan_table(runner_ups.assign(is_feasible=True), errors,
+                                             confidence)] if not runner_ups.empty else [])]
 
 
 def _sim_sections(summary: pd.DataFrame, turns: pd.DataFrame,
@@ -178,6 +178,10 @@ def run_scenario_file(
                          num_workers=num_workers, ray_address=ray_address,
                          on_done=progress_counter(len(tasks), on_progress))
     frames, errors = _collect(records)
+    if not offline:  # the plan `molcap verify --plan` checks on a real engine
+        plans = [r for k, r in records.items() if k.startswith("plan-")]
+        write_atomic(out_dir / "plan.json", json.dumps(
+            {"scenario": scenario.name, "plans": plans}, default=str).encode("utf-8"))
     tables = write_table(tidy(comparisons), out_dir / "comparisons")
     for name, df in {**comparisons, **frames}.items():
         if not df.empty:
@@ -186,7 +190,7 @@ def run_scenario_file(
                             for k, v in pricing_sources(scenario, path.parent).items()])
     sections = ([ReportSection("Capacity plan", note) for note in notes]
                 + [ReportSection("Cost profile", PRICING_NOTE, [], [pricing])]
-                + _plan_sections(frames["plans"], frames["plan_trials"])
+                + _plan_sections(frames["plans"], frames["plan_trials"], scenario)
                 + _sim_sections(frames["sim_summary"], frames["sim_turns"],
                                 frames["sim_timeseries"])
                 + _sections(comparisons))
