@@ -9,11 +9,10 @@ import streamlit as st
 from app import layout, state
 from planner.jobs.dashboard import PlanJob, PlanTables, plan_headline, stored_plan
 from planner.outputs.plan_figures import pareto_figure, plan_figure
+from planner.outputs.plan_table import people_plan_table
+from planner.predict.intervals import DEFAULT_CONFIDENCE, pricing_errors
 
 JOB = "plan_job"
-PLAN_COLUMNS = ("strategy", "gpu", "num_gpus", "tensor_parallel_size", "num_replicas",
-                "cost_per_hour_usd", "cost_per_million_tokens_usd", "per_replica_rate_per_s",
-                "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "max_num_seqs", "max_loras")
 
 
 @st.fragment(run_every=1.0)
@@ -50,7 +49,12 @@ def _show(scenario, plan: PlanTables) -> None:
         st.success(headline)
     if not feasible.empty:
         st.plotly_chart(plan_figure(plans), width="stretch")
-        st.dataframe(feasible[[c for c in PLAN_COLUMNS if c in feasible]], hide_index=True,
+        confidence = scenario.search.confidence or DEFAULT_CONFIDENCE
+        errors = {gpu: pricing_errors(scenario, gpu) for gpu in feasible["gpu"].unique()}
+        st.caption(f"Each value with its {confidence:.0%} interval: the seeds' spread widened "
+                   "by the measured error of the profile that priced it. The raw table is a "
+                   "CSV/parquet download of `molcap run`.")
+        st.dataframe(people_plan_table(feasible, errors, confidence), hide_index=True,
                      key="plan_table")
     for row in plans[~plans["is_feasible"].astype(bool)].to_dict(orient="records"):
         reasons = "\n".join(f"- {r}" for r in row["candidate_reasons"] if r)

@@ -143,14 +143,18 @@ def _print_plan(result) -> None:
     console.print(Text.assemble((result.scenario.name, "bold"), ": capacity plan"))
     for note in result.notes:
         console.print(f"  {note}", markup=False)
+    from planner.predict.intervals import DEFAULT_CONFIDENCE, plan_row_text, pricing_errors
+
+    confidence = result.scenario.search.confidence or DEFAULT_CONFIDENCE
     for row in plans.to_dict(orient="records"):
         if row.get("is_feasible"):
             console.print(
                 f"  {row['strategy']:<22} {row['num_gpus']:>4} x {row['gpu']:<9} "
                 f"(TP={row['tensor_parallel_size']}, {row['num_replicas']} replicas)  "
                 f"{row['cost_per_hour_usd']:8.2f} USD/h  "
-                f"{row['cost_per_million_tokens_usd']:8.3f} USD/M tokens  "
-                f"p99 TTFT {row['ttft_p99_s']:.3f}s TPOT {row['tpot_p99_s']:.4f}s")
+                f"{row['cost_per_million_tokens_usd']:8.3f} USD/M tokens")
+            console.print("      " + plan_row_text(
+                row, pricing_errors(result.scenario, row["gpu"]), confidence))
         else:
             console.print(f"  {row['strategy']:<22} infeasible: {row.get('reason')}")
     for key, message in result.errors.items():

@@ -48,6 +48,10 @@ def plan_record(label: str, plan: Plan, dropped: list[str]) -> dict:
     if chosen is not None:
         chosen["cost_per_million_tokens_usd"] = plan.cost_per_million_tokens_usd
         chosen["per_replica_rate_per_s"] = plan.per_replica_rate_per_s
+        if plan.point_estimate_num_gpus is not None:
+            chosen["point_estimate_num_gpus"] = plan.point_estimate_num_gpus
+            chosen["confidence_extra_gpus"] = (plan.chosen.deployment.num_gpus
+                                               - plan.point_estimate_num_gpus)
     return dict(
         strategy=label, is_feasible=plan.is_feasible, reason=plan.reason, chosen=chosen,
         runner_ups=[_trial_row(label, t) for t in plan.runner_ups],

@@ -125,14 +125,49 @@ def unit(metric: str) -> str:
         "/s" if metric.endswith("_per_s") else "s")
 
 
-def format_interval(metric: str, interval: Interval) -> str:
+def format_interval(metric: str, interval: Interval, note: bool = True) -> str:
     """`0.123 s (0.10-0.16)`; without a measured error `0.123 s (seeds 0.12-0.13; no measured
     error)`."""
     value = f"{_number(metric, interval.value)} {unit(metric)}"
     band = f"{_number(metric, interval.low, 2)}-{_number(metric, interval.high, 2)}"
-    if interval.has_measured_error:
+    if interval.has_measured_error or not note:
         return f"{value} ({band})"
     return f"{value} (seeds {band}; no measured error)"
+
+
+def pricing_errors(scenario, gpu_name: str, base_dir: Path | None = None) -> ProfileErrors | None:
+    """The measured errors of the profile that prices `gpu_name` in `scenario` (its named
+    profile on its own GPU kind, else the kind's shipped profile), None where assumed
+    coefficients price it or the profile has no validation."""
+    from planner.scenario.pricing import DEFAULT_PROFILES, profile_path, resolve_pricing
+
+    if gpu_name == scenario.hardware.gpu_spec.name:
+        return load_profile_errors(resolve_pricing(scenario, base_dir).path)
+    default = DEFAULT_PROFILES.get(gpu_name)
+    return load_profile_errors(profile_path(default)) if default else None
+
+
+PRINTED = (("ttft_p99_s", "p99 TTFT"), ("tpot_p99_s", "p99 TPOT"), ("e2e_p99_s", "p99 E2E"))
+"""The plan metrics the CLI prints, with their names."""
+
+
+def plan_row_text(row: Mapping, errors: ProfileErrors | None, confidence: float) -> str:
+    """`p99 TTFT 0.123 s (0.10-0.16), ...` for one plan row; says when the intervals carry no
+    measured error, and what a confidence cost over the point estimate."""
+    parts = []
+    for metric, name in PRINTED:
+        value = row.get(metric)
+        if value is None or not math.isfinite(value):
+            continue
+        interval = metric_interval(metric, value, row.get(f"{metric}_min", value),
+                                   row.get(f"{metric}_max", value), errors, confidence)
+        parts.append(f"{name} {format_interval(metric, interval, note=False)}")
+    text = ", ".join(parts) + f" ({confidence:.0%} intervals"
+    text += "; no measured error: seeds only)" if errors is None else ")"
+    extra = row.get("confidence_extra_gpus")
+    if extra is not None and math.isfinite(extra):
+        text += f"; the confidence costs {int(extra):+d} GPUs over the point estimate"
+    return text
 
 
 def validation_path(profile_path: Path) -> Path:

@@ -81,6 +81,11 @@ class SearchSpaceConfig(FrozenModel):
     exhaustive: bool = False
     """Search every candidate (each one's capacity and runner-up); false skips candidates that
     cannot beat a verified cost and stops a point once one seed proves a miss (same plan)."""
+    confidence: float | None = Field(default=None, gt=0, lt=1)
+    """Plan at this confidence (0.9 recommended): each latency SLO must hold at the upper end
+    of its interval (seeds' spread x the pricing profile's measured error,
+    docs/verify.md), and the plan reports the GPUs that costs over the point estimate. None
+    (the default): the SLOs are checked on the seed mean."""
 
 
 class AnalysisConfig(FrozenModel):

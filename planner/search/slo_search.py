@@ -74,6 +74,9 @@ _MAX_DESCENTS = 4
 Metrics = Mapping[str, float]
 Evaluate = Callable[[Deployment, float, int], Metrics]
 """evaluate(deployment, request rate per second, seed) -> metric name -> value."""
+SloValues = Callable[[Deployment, Metrics, Metrics, Metrics], Metrics]
+"""slo_values(deployment, seed mean, seed min, seed max) -> the values the SLOs are checked on
+(`planner.predict.intervals.slo_values` at a confidence: each latency's upper end)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,9 @@ class SearchSpace:
     stops a point's seeds once one seed alone proves the seed mean misses. Either way the
     chosen deployment is the same; exhaustive also gives every candidate's capacity and
     runner-up."""
+    slo_values: SloValues | None = None
+    """What the SLOs are checked on (None: the seed mean, the point estimate). It must never
+    return a latency below the seed mean: the one-seed early stop relies on it."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,9 @@ class Plan:
     capacities: Mapping[Deployment, float]
     pruned: tuple[str, ...] = ()
     """Candidates not searched because they cannot beat the chosen cost, and why."""
+    point_estimate_num_gpus: int | None = None
+    """GPUs the same search chooses at the point estimate, when this plan was made at a
+    confidence (None: it was not, or the point estimate has no plan)."""
 
     @property
     def cost_per_million_tokens_usd(self) -> float:
@@ -169,9 +178,12 @@ class _Runner:
         values = {k: np.array([r[k] for r in runs], dtype=float) for k in keys}
         mean = {k: float(v.mean()) for k, v in values.items()}
         price = self.space.price_per_gpu_hour[deployment.gpu]
-        trial = Trial(deployment, rate, mean, {k: float(v.min()) for k, v in values.items()},
-                      {k: float(v.max()) for k, v in values.items()},
-                      tuple(slo_violations(self.slo, mean)), price * deployment.num_gpus,
+        low = {k: float(v.min()) for k, v in values.items()}
+        high = {k: float(v.max()) for k, v in values.items()}
+        checked = (self.space.slo_values(deployment, mean, low, high)
+                   if self.space.slo_values else mean)
+        trial = Trial(deployment, rate, mean, low, high,
+                      tuple(slo_violations(self.slo, checked)), price * deployment.num_gpus,
                       num_seeds=len(runs))
         self.trials.append(trial)
         self._done[(deployment, rate)] = trial

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -175,11 +175,31 @@ def plan_strategy(scenario: Scenario, index: int) -> tuple[Plan, list[str]]:
                         max_num_replicas=s.max_num_replicas, seeds=tuple(range(s.num_seeds)),
                         rate_upper_bounds=bounds, rate_tolerance=s.rate_tolerance,
                         exhaustive=s.exhaustive)
+    done: dict[tuple[Deployment, float, int], dict] = {}  # shared by both searches
 
     def evaluate(d: Deployment, rate: float, seed: int) -> dict:
-        point = with_rate(with_deployment(scenario, d), rate, shape)
-        result = simulate_strategy(point, index, seed=scenario.seed + seed,
-                                   num_replicas=d.num_replicas)
-        return result.summary
+        if (d, rate, seed) not in done:
+            point = with_rate(with_deployment(scenario, d), rate, shape)
+            done[(d, rate, seed)] = simulate_strategy(
+                point, index, seed=scenario.seed + seed, num_replicas=d.num_replicas).summary
+        return done[(d, rate, seed)]
 
-    return search(space, evaluate, scenario.slo), dropped
+    if s.confidence is None:
+        return search(space, evaluate, scenario.slo), dropped
+    sure = replace(space, slo_values=confident_slo_values(scenario, s.confidence))
+    plan, point = search(sure, evaluate, scenario.slo), search(space, evaluate, scenario.slo)
+    gpus = point.chosen.deployment.num_gpus if point.chosen else None
+    return replace(plan, point_estimate_num_gpus=gpus), dropped
+
+
+def confident_slo_values(scenario: Scenario, confidence: float):
+    """The search's `slo_values` at `confidence`: each latency's upper end, widened by the
+    measured error of the profile that prices the deployment's GPU kind."""
+    from planner.predict.intervals import pricing_errors, slo_values
+
+    errors = {gpu: pricing_errors(scenario, gpu) for gpu in gpu_specs(scenario)}
+
+    def values(d: Deployment, mean, low, high):
+        return slo_values(mean, low, high, errors[d.gpu], confidence)
+
+    return values

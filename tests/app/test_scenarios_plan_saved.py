@@ -81,6 +81,23 @@ def test_an_infeasible_slo_shows_the_reason_per_candidate(in_workdir):
         assert f"{gpu} TP=1 max_num_seqs=16 max_loras=2: misses the SLOs" in warning, warning
 
 
+def test_a_feasible_plan_shows_the_table_for_people(in_workdir):
+    path = _write(in_workdir, "tiny_people", TINY.format(name="tiny_people", ttft=10))
+    at = open_app("pages/5_plan.py", scenario=path)
+    at.button(key="plan_run").click().run()
+    job = at.session_state["plan_job"]
+    deadline = time.monotonic() + 180
+    while job.is_running and time.monotonic() < deadline:
+        time.sleep(0.5)
+    at.run()
+    no_exceptions(at)
+    table = at.dataframe[0].value
+    assert {"Strategy", "Deployment", "Cost ($/h)", "p99 TTFT (s)", "p99 TPOT (ms)",
+            "Interval (90%)"} <= set(table.columns)
+    assert not any("_" in c for c in table.columns)  # no raw snake_case names
+    assert table["p99 TTFT (s)"].str.match(r"^[\d.,]+ \([\d.,]+-[\d.,]+\)$").all()
+
+
 def test_a_search_can_be_cancelled_and_keeps_what_finished(in_workdir):
     path = _write(in_workdir, "tiny_cancel", TINY.format(name="tiny_cancel", ttft=10))
     at = open_app("pages/5_plan.py", scenario=path)

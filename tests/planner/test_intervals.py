@@ -78,3 +78,16 @@ def test_the_shipped_cpu_profile_has_its_measured_errors_beside_it():
     errors = load_profile_errors(PROFILES_DIR / "cpu-vllm-tiny-llama.yaml")
     assert errors is not None and errors.profile == "cpu-vllm-tiny-llama"
     assert len(errors.errors["ttft_p99_s"]) >= 10
+
+
+def test_a_plan_row_prints_each_p99_with_its_interval_and_the_confidence_cost():
+    from planner.predict.intervals import plan_row_text
+
+    row = dict(ttft_p99_s=0.123, ttft_p99_s_min=0.12, ttft_p99_s_max=0.13, tpot_p99_s=0.01,
+               e2e_p99_s=2.0, confidence_extra_gpus=2)
+    errors = ProfileErrors("p", {"ttft_p99_s": (-0.5,), "e2e_p99_s": (0.0,)})
+    assert plan_row_text(row, errors, 0.9) == (
+        "p99 TTFT 0.123 s (0.24-0.26), p99 TPOT 0.01 s (0.01-0.01), p99 E2E 2 s (2-2) "
+        "(90% intervals); the confidence costs +2 GPUs over the point estimate")
+    assert plan_row_text({"e2e_p99_s": 2.0}, None, 0.9) == (
+        "p99 E2E 2 s (2-2) (90% intervals; no measured error: seeds only)")
