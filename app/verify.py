@@ -123,6 +123,7 @@ def run_verify(scenario_path: Path, plan_path: Path | None, out: Path, options: 
     """Verify every selected strategy (resuming finished ones from OUT/points); write
     OUT/verify.json and OUT/verify.html; the result (exit status: `missed_slos`)."""
     from calibrate.verify_engine import check_engine_installed
+    from planner.predict.intervals import pricing_errors
     from planner.scenario.loading import load_scenario
     from sim.io.files import file_name, write_atomic
     from sim.io.points import PointStore, PointTask, content_digest, run_points
@@ -159,8 +160,9 @@ def run_verify(scenario_path: Path, plan_path: Path | None, out: Path, options: 
         if record["status"] != "ok":
             result.failed.append(f"{planned.strategy}: {record['error']}")
             continue
+        errors = pricing_errors(scenario, planned.deployment.gpu)
         result.strategies.append(strategy_entry(record["result"], planned.plan_metrics,
-                                                planned.is_feasible, scenario.slo))
+                                                planned.is_feasible, scenario.slo, errors))
     write_outputs(result, scenario, out)
     return result
 

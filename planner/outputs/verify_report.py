@@ -32,11 +32,23 @@ def _row_cells(row: dict) -> list[str]:
     error = "-" if row["error"] is None or math.isnan(row["error"]) else f"{row['error']:+.0%}"
     slo = "-" if row["slo"] is None else fmt_value(metric, row["slo"])
     verdict = "" if row["passed"] is None else ("pass" if row["passed"] else "MISS")
+    band = "-" if row.get("low") is None else (
+        f"{fmt_value(metric, row['low'])}-{fmt_value(metric, row['high'])}")
     return [LABELS[metric], fmt_value(metric, row["plan"]), fmt_value(metric, row["predicted"]),
-            fmt_value(metric, row["measured"]), error, slo, verdict]
+            band, fmt_value(metric, row["measured"]), error, slo, verdict]
 
 
-HEADER = ["metric", "plan", "predicted", "measured", "error", "SLO", ""]
+HEADER = ["metric", "plan", "predicted", "interval (90%)", "measured", "error", "SLO", ""]
+
+
+def within_line(entry: dict) -> str:
+    """How many measurements fell inside the prediction's interval (none: no measured error)."""
+    banded = [r for r in entry["rows"] if r.get("low") is not None]
+    if not banded:
+        return "  the pricing profile has no measured error: no interval on the predictions"
+    inside = sum(r["low"] <= r["measured"] <= r["high"] for r in banded)
+    return (f"  measured inside the predicted 90% interval: {inside} of {len(banded)} metrics "
+            "(the interval is the pricing profile's held-out error on its validation)")
 
 
 def strategy_table(entry: dict) -> str:
@@ -80,7 +92,8 @@ def terminal_text(result) -> str:
     """The whole result for the terminal."""
     lines = []
     for entry in result.strategies:
-        lines += [describe_run(entry), strategy_table(entry), *slo_lines(entry), ""]
+        lines += [describe_run(entry), strategy_table(entry), within_line(entry),
+                  *slo_lines(entry), ""]
     lines += [f"not verified: {s}" for s in result.skipped]
     lines += [f"failed: {s}" for s in result.failed]
     lines.append("plan: the deployment's seed mean (molcap run); predicted: the simulator on "
@@ -92,15 +105,16 @@ def terminal_text(result) -> str:
 def strategy_frame(entry: dict) -> pd.DataFrame:
     """One strategy's comparison as a table for people (the HTML section)."""
     return pd.DataFrame([_row_cells(r) for r in entry["rows"]],
-                        columns=["Metric", "Plan", "Predicted", "Measured", "Error",
-                                 "SLO", "Verdict"])
+                        columns=["Metric", "Plan", "Predicted", "Interval (90%)", "Measured",
+                                 "Error", "SLO", "Verdict"])
 
 
 def verify_section(result):
     """The report section: per strategy, what ran, the table and the SLO checks."""
     from planner.outputs.report import ReportSection
 
-    text = " ".join(describe_run(e) + ". " + " ".join(s.strip() for s in slo_lines(e))
+    text = " ".join(describe_run(e) + ". " + within_line(e).strip() + ". "
+                    + " ".join(s.strip() for s in slo_lines(e))
                     for e in result.strategies)
     if result.skipped:
         text += " Not verified: " + "; ".join(result.skipped) + "."

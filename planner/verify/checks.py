@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from planner.predict.intervals import DEFAULT_CONFIDENCE, ProfileErrors, metric_interval
+
 METRICS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
            "e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "output_tokens_per_s",
            "throughput_tokens_per_s")
@@ -63,15 +65,22 @@ def slo_checks(slo, records: list[dict], measured: dict) -> list[dict]:
     return out
 
 
-def compare_rows(predicted: dict, measured: dict, plan: dict, slo) -> list[dict]:
-    """One row per metric: the plan's value (whole deployment), the prediction of this replay,
-    the measurement, the signed error of the prediction, the SLO limit and whether it holds."""
+def compare_rows(predicted: dict, measured: dict, plan: dict, slo,
+                 errors: ProfileErrors | None = None,
+                 confidence: float = DEFAULT_CONFIDENCE) -> list[dict]:
+    """One row per metric: the plan's value (whole deployment), the prediction of this replay
+    with its interval from the pricing profile's measured error (`low`, `high`; None without
+    one), the measurement, the signed error of the prediction, the SLO limit and whether it
+    holds."""
     limits = {k: v for k, v in slo.model_dump().items() if v is not None}
     rows = []
     for metric in METRICS:
         p, m = predicted.get(metric, math.nan), measured.get(metric, math.nan)
         limit = limits.get(metric)
-        rows.append(dict(metric=metric, plan=plan.get(metric), predicted=p, measured=m,
+        band = metric_interval(metric, p, p, p, errors, confidence)
+        rows.append(dict(metric=metric, plan=plan.get(metric), predicted=p,
+                         low=band.low if band.has_measured_error else None,
+                         high=band.high if band.has_measured_error else None, measured=m,
                          error=(p - m) / m if m else math.nan, slo=limit,
                          passed=None if limit is None else bool(m <= limit)))
     return rows
@@ -96,9 +105,11 @@ class VerifyResult:
                 for c in s["slo_checks"] if not c["passed"]]
 
 
-def strategy_entry(record: dict, plan_metrics: dict, is_promised: bool, slo) -> dict:
-    """A stored measurement as the result's per-strategy entry (requests and steps dropped)."""
-    rows = compare_rows(record["predicted"], record["measured"], plan_metrics, slo)
+def strategy_entry(record: dict, plan_metrics: dict, is_promised: bool, slo,
+                   errors: ProfileErrors | None = None) -> dict:
+    """A stored measurement as the result's per-strategy entry (requests and steps dropped);
+    `errors`: the pricing profile's measured errors (the predictions' intervals)."""
+    rows = compare_rows(record["predicted"], record["measured"], plan_metrics, slo, errors)
     checks = slo_checks(slo, record["records"], record["measured"])
     keep = {k: v for k, v in record.items()
             if k not in ("records", "steps", "scenario", "cost_profile")}

@@ -16,6 +16,7 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 from typer.testing import CliRunner  # noqa: E402
 
 from calibrate.verify_engine import EngineMissing, check_engine_installed  # noqa: E402
+from planner.predict.intervals import ProfileErrors  # noqa: E402
 from planner.scenario.loading import load_scenario  # noqa: E402
 from planner.scenario.schema import SloConfig  # noqa: E402
 from planner.verify.checks import compare_rows, slo_checks  # noqa: E402
@@ -105,6 +106,7 @@ def test_a_planned_scenario_verifies_with_measured_values_and_passes(verified):
     assert saved["missed_slos"] == [] and saved["failed"] == []
     assert "TTFT p99" in output and "E2E p99" in output and "pass" in output
     assert "host allocator: glibc, freed memory kept" in output
+    assert "interval (90%)" in output and "measured inside the predicted 90% interval" in output
     assert "Verified on a real engine" in (root / "verify" / "verify.html").read_text()
 
 
@@ -166,6 +168,12 @@ def test_slo_checks_and_rows_on_hand_computed_requests():
     assert rows["tpot_p99_s"]["error"] == pytest.approx(-0.2)
     assert rows["ttft_p50_s"]["passed"] is True and rows["tpot_p99_s"]["passed"] is False
     assert rows["e2e_p99_s"]["slo"] is None and rows["e2e_p99_s"]["passed"] is None
+    assert rows["ttft_p50_s"]["low"] is None  # no measured error: no interval
+    # The profile under-predicted TTFT p50 by half: the engine is expected at 2x.
+    errors = ProfileErrors("p", {"ttft_p50_s": (-0.5,)})
+    [ttft] = [r for r in compare_rows(predicted, measured, {}, slo, errors)
+              if r["metric"] == "ttft_p50_s"]
+    assert (ttft["low"], ttft["high"]) == pytest.approx((0.4, 0.4))
 
 
 def test_a_verify_run_joins_the_calibration_samples(verified):
