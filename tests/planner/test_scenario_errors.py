@@ -386,8 +386,8 @@ def test_adapter_rank_above_max_lora_rank(tmp_path):
 def test_max_lora_rank_vllm_does_not_offer(tmp_path):
     path = write(tmp_path, "engine:\n  max_lora_rank: 24\nstrategies: [{kind: base}]\n")
     [message] = messages_of(path)
-    assert message.startswith(f"{path}:")
-    assert "engine" in message and "max_lora_rank=24" in message and "(1, 8, 16, 32" in message
+    assert message.startswith(f"{path}:2: engine.max_lora_rank: ")  # the field's own line
+    assert "(given: 24)" in message and "allowed: 1, 8, 16, 32" in message
 
 
 def ced_strategy(kind: str, adapter: str, extra: str = "") -> str:
