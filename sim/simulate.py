@@ -82,7 +82,9 @@ def create_profile(config: SimConfig) -> LayerCosts:
     return create_layer_costs(
         config.arch, config.gpu, config.tensor_parallel_size, adapter_kind=s.adapter_kind,
         adapter_rank=s.adapter_rank, adapter_placements=list(s.adapter_placements),
-        num_head_params=s.num_head_params, min_decision_s=in_engine_decision_floor_s(s))
+        num_head_params=s.num_head_params, min_decision_s=in_engine_decision_floor_s(s),
+        max_loras=config.engine.max_loras if s.adapter_kind == "lora" else 0,
+        lora_kernels_run_unadapted=s.kind != "preft")
 
 
 def pricing_identity(config: SimConfig) -> str:
@@ -92,7 +94,8 @@ def pricing_identity(config: SimConfig) -> str:
     return "|".join((config.coeffs.model_dump_json(), config.arch.model_dump_json(),
                      config.gpu.model_dump_json(), str(config.tensor_parallel_size),
                      s.adapter_kind, str(s.adapter_rank), repr(s.adapter_placements),
-                     str(s.num_head_params), str(in_engine_decision_floor_s(s))))
+                     str(s.num_head_params), str(in_engine_decision_floor_s(s)),
+                     str(config.engine.max_loras), s.kind))
 
 
 def agent_loads(workload: Workload, num_agents: int) -> list[float]:

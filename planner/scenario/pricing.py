@@ -69,6 +69,8 @@ def create_strategy_costing(
         arch, gpu, tp, adapter_kind=kind, adapter_rank=scenario.engine.max_lora_rank,
         adapter_placements=sorted(placements),
         num_head_params=getattr(strategy, "num_head_params", 0),
+        max_loras=scenario.engine.max_loras if kind == "lora" else 0,
+        lora_kernels_run_unadapted=strategy.kind != "preft",
     )
     window = getattr(strategy, "replay_window_tokens", None) or profile.window_tokens
     if coeffs is None:
@@ -78,7 +80,7 @@ def create_strategy_costing(
                            kv_layout(arch, strategy.kind, every))
 
 
-DEFAULT_PROFILES = {"cpu": "cpu-vllm-tiny-llama"}
+DEFAULT_PROFILES = {"cpu": "cpu-vllm-tiny-llama", "H100-64GB": "h100-64gb-vllm085-llama-3.1-8b"}
 """GPU kind -> shipped profile used when a scenario names none."""
 
 
@@ -101,6 +103,8 @@ class PricingSource:
         test = [r for r in p.fit.errors if r.split == "test" and r.group == "all"]
         error = f", held-out step MAPE {test[0].mape:.1%}" if test else ""
         how = "shipped default for " + p.hardware.gpu if self.is_default else "named"
+        if p.derivation:
+            return f"profile {p.name} ({how}; {p.derivation})"
         return (f"profile {p.name} ({how}; {p.engine.name} {p.engine.version} on "
                 f"{p.model}, fitted {p.created_utc[:10]}{error})")
 

@@ -35,6 +35,19 @@ class CostCoeffs(BaseModel):
     token's weights are copied out (vLLM's torch-native CPU ops, which do so for every token of
     the step, adapted or not, and skip the shrink only when no token is adapted); 0 where the
     kernels read each adapter once (Punica SGMV on GPUs)."""
+    lora_kernel_step_s: float = Field(default=0.0, ge=0, le=1)
+    """Fixed cost of a step whose GPU LoRA kernels run (vLLM's per-step LoRA metadata: token
+    to slot mapping, sorted token indices, their upload), whatever the adapters and slots."""
+    lora_idle_shrink_program_s: float = Field(default=0.0, ge=0, le=1e-3)
+    """Device seconds per launched shrink-kernel program that exits at once (its slot holds
+    no token of the step, or its token block lies past them). The grid spans every
+    `max_loras` slot, so this and the expand's price the slots themselves
+    (`sim.lora_kernels`); amortised over the SMs."""
+    lora_idle_expand_program_s: float = Field(default=0.0, ge=0, le=1e-3)
+    """Device seconds per launched expand-kernel program that exits at once."""
+    lora_working_program_s: float = Field(default=0.0, ge=0, le=1e-3)
+    """Device seconds per LoRA kernel program that computes (a block of one adapter's tokens
+    against one tile of its A or B): what each distinct adapter in the step adds."""
     direft_flops_efficiency: float = Field(default=0.25, gt=0, le=1)
     """Achieved share of peak FLOP/s in DiReFT's edits, apart from LoRA's: the plugin computes
     them as plain matmuls over the edited rows of each adapter, while vLLM's CPU LoRA path first

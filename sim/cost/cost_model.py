@@ -19,6 +19,7 @@ from sim.cost.coeffs import (  # noqa: F401  (re-exported: callers import them f
     default_coeffs,
 )
 from sim.cost.layer_costs import LayerCosts
+from sim.cost.lora_kernels import lora_program_counts
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,7 @@ def _lora_s(c: CostCoeffs, p: LayerCosts, batch: StepBatch, mask: np.ndarray) ->
     # Layers the step runs at all: launches happen once per layer, not per item.
     t += c.lora_slice_launch_s * float(p.lora_slices_prefix[last.max()]
                                        - p.lora_slices_prefix[first.min()])
+    t += _lora_grid_s(c, p, batch, mask, adapted)
     if c.lora_token_gather_share:
         widths = p.lora_wrapped_out_prefix  # expand always runs; shrink only if a token adapts
         if adapted.any():
@@ -250,6 +252,26 @@ def _lora_s(c: CostCoeffs, p: LayerCosts, batch: StepBatch, mask: np.ndarray) ->
         num_bytes = c.lora_token_gather_share * p.adapter_rank * per_rank * p.weight_dtype_bytes
         t += num_bytes / p.tp / (p.gpu.hbm_bandwidth_bytes_per_s * c.memory_bandwidth_efficiency)
     return t
+
+
+def _lora_grid_s(c: CostCoeffs, p: LayerCosts, batch: StepBatch, mask: np.ndarray,
+                 adapted: np.ndarray) -> float:
+    """Seconds of the GPU LoRA kernels' launch grid: a fixed cost per step, each program
+    that exits at once (slots without tokens) and each that computes (`sim.cost.lora_kernels`)."""
+    grid = p.lora_grid
+    if grid is None or not (c.lora_kernel_step_s or c.lora_idle_shrink_program_s
+                            or c.lora_idle_expand_program_s or c.lora_working_program_s):
+        return 0.0
+    if not adapted.any() and not p.lora_kernels_run_unadapted:
+        return 0.0
+    num_tokens = int(batch.num_new_tokens[mask].sum())
+    # The adapted tokens counted as spread evenly over the step's distinct adapters: a step's
+    # price then depends only on counts (what the simulator's fast path caches prices by).
+    num_adapters = np.unique(batch.adapter_ids[adapted]).size
+    tokens = np.full(num_adapters, batch.num_new_tokens[adapted].sum() / max(num_adapters, 1))
+    shrink, expand, working = lora_program_counts(grid, num_tokens, tokens, p.adapter_rank or 1)
+    return (c.lora_kernel_step_s + shrink * c.lora_idle_shrink_program_s
+            + expand * c.lora_idle_expand_program_s + working * c.lora_working_program_s)
 
 
 def _direft_s(c: CostCoeffs, p: LayerCosts, batch: StepBatch, mask: np.ndarray) -> float:

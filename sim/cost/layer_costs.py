@@ -7,6 +7,7 @@ from typing import Literal
 
 import numpy as np
 
+from sim.cost.lora_kernels import LoraGrid, create_lora_grid
 from sim.cost.memory_model import kv_bytes_per_token_per_layer, kv_replication
 from sim.cost.model_shapes import (
     attention_params_per_layer,
@@ -55,6 +56,12 @@ class LayerCosts:
     min_decision_s: float = 0.0
     """Least seconds one routing-head decision takes on the GPU (a measured decision time of a
     head that runs inside the engine's step); 0: the head's own roofline time."""
+    lora_grid: LoraGrid | None = None
+    """Launch grid of the engine's GPU LoRA kernels over its `max_loras` slots (None: no
+    LoRA-enabled engine, or `max_loras` not given)."""
+    lora_kernels_run_unadapted: bool = True
+    """The LoRA kernels run on a step with no adapted token (vLLM 0.8.5 launches them for
+    base-model requests too); False where the adapter path is skipped then (PreFT)."""
 
 
 def _prefix(mask: np.ndarray) -> np.ndarray:
@@ -103,10 +110,12 @@ def create_layer_costs(
     adapter_kind: Literal["lora", "direft", "none"] = "none", adapter_rank: int = 0,
     adapter_placements: list[tuple[int, str]] = (), num_head_params: int = 0,
     lora_wrapped_placements: list[tuple[int, str]] | None = None, min_decision_s: float = 0.0,
+    max_loras: int = 0, lora_kernels_run_unadapted: bool = True,
 ) -> LayerCosts:
     """Precompute the per-layer arrays for `predict_step`. `lora_wrapped_placements` are the
     (layer, module) slices the engine's LoRA path runs for every token (None: for LoRA, every
-    module of `LORA_MODULES` on every layer, as vLLM wraps them; none for other kinds)."""
+    module of `LORA_MODULES` on every layer, as vLLM wraps them; none for other kinds).
+    `max_loras` > 0 gives the wrapped slices' GPU kernel grid (`sim.lora_kernels`)."""
     layers = np.arange(arch.num_layers)
     moe = np.array([is_moe_layer(arch, int(i)) for i in layers], dtype=float)
     shared = 0
@@ -124,7 +133,12 @@ def create_layer_costs(
     adapter_weights = _adapter_weights_per_layer(arch, adapter_kind, list(adapter_placements))
     if lora_wrapped_placements is None and adapter_kind == "lora":
         lora_wrapped_placements = [(i, m) for i in range(arch.num_layers) for m in LORA_MODULES]
-    num_slices, width_in, width_out = _wrapped_widths(arch, lora_wrapped_placements or [])
+    wrapped = lora_wrapped_placements or []
+    num_slices, width_in, width_out = _wrapped_widths(arch, wrapped)
+    grid = None
+    if max_loras > 0 and wrapped:
+        grid = create_lora_grid({(layer, m): module_shape(arch, m, layer)
+                                 for layer, m in wrapped}, max_loras)
     edited = np.zeros(arch.num_layers, bool)
     edited[[layer for layer, _ in adapter_placements]] = adapter_kind == "direft"
     return LayerCosts(
@@ -151,4 +165,5 @@ def create_layer_costs(
         lora_wrapped_out_prefix=np.concatenate([[0.0], np.cumsum(width_out)]),
         direft_layers_prefix=_prefix(edited),
         num_head_params=num_head_params, min_decision_s=min_decision_s,
+        lora_grid=grid, lora_kernels_run_unadapted=lora_kernels_run_unadapted,
     )

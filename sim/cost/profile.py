@@ -102,6 +102,9 @@ class CalibrationProfile(_Frozen):
     """Commands that produced the samples and the fit."""
     num_samples: Annotated[int, Field(ge=0)] = 0
     """Samples measured."""
+    derivation: str = ""
+    """How the coefficients were carried over from another GPU's fit ("scaled from H100
+    measurements: ..."); empty for a profile fitted on its own GPU's measurements."""
 
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "calibrate" / "profiles"

@@ -54,6 +54,14 @@ GPUS: dict[str, GpuSpec] = {
         _gpu("H100-SXM", 989, 80, 3.35, 450, 64, 2.50, "NVIDIA H100 datasheet (SXM5)",
              (79.11, _REPORTED + "torch OOM message on an H100 80GB under vLLM, "
               "vllm-project/vllm#27508 (other drivers show 79.1-79.3)")),
+        _gpu("H100-64GB", 989, 64, 2.68, 450, 64, 2.50,
+             "inferred: the 64 GB H100 SXM5 of MareNostrum 5 (BSC user guide: 4x H100 64 GB "
+             "HBM2 per node) is the GH100 SXM5 with four of the five 16 GB HBM stacks of the "
+             "80 GB part: FLOP/s and NVLink as the SXM5 datasheet, bandwidth 4/5 of 3.35 TB/s. "
+             "Achieved bandwidth and FLOP/s are fitted (calibrate/profiles/"
+             "h100-64gb-vllm085-llama-3.1-8b.yaml)",
+             (63.29, _REPORTED + "4/5 of the 80 GB part's 79.11 GiB; matches the agullo-dt "
+              "logs' KV + weights arithmetic at gpu_memory_utilization 0.9")),
         _gpu("H200", 989, 141, 4.8, 450, 64, 3.50, "NVIDIA H200 datasheet (SXM)",
              (139.80, _REPORTED + "torch OOM messages on H200 (139.80 GiB total capacity)")),
         _gpu("A100-80GB", 312, 80, 2.039, 300, 32, 1.60, "NVIDIA A100 datasheet (SXM4 80GB)",
@@ -140,6 +148,8 @@ MODELS: dict[str, ModelArch] = {
                "meta-llama/Llama-3.1-8B"),
         _llama("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, 131072, False,
                "meta-llama/Llama-3.1-70B"),
+        _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 32768, False,
+               "Qwen/Qwen2.5-7B-Instruct"),
         _llama("qwen2.5-0.5b", 24, 896, 14, 2, 4864, 151936, 32768, True, "Qwen/Qwen2.5-0.5B"),
         _llama("smollm2-135m", 30, 576, 9, 3, 1536, 49152, 8192, True,
                "HuggingFaceTB/SmolLM2-135M-Instruct"),
