@@ -1,6 +1,6 @@
 """Dashboard responsiveness: seconds from a knob change to the default scenario's new results in
 a real browser (`molcap app` driven by Debian's headless Chromium), against the goal of 5 s.
-Prints a table and writes out/bench/app.json.
+Prints a table, writes out/bench/app.json and appends rows to bench/results/bench_app.json.
 
     .venv/bin/python bench/bench_app.py [--rates 0.75 1.0 1.5]
 
@@ -31,6 +31,10 @@ from planner.scenario.editing import set_field
 from planner.scenario.loading import scenario_from_file_text
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.record import append_rows  # noqa: E402
+
 GOAL_S = 5.0
 KNOB = 'input[aria-label="arrival rate (conversations/s)"]'
 
@@ -178,7 +182,11 @@ def main() -> None:
         rows=[dict(step=s, arrival_rate_per_s=r, seconds=t) for s, r, t in rows],
         load_average=os.getloadavg(), cpu_count=os.cpu_count(),
         python=platform.python_version()), indent=2) + "\n")
-    print(f"wrote {out}")
+    append_rows("bench_app", [dict(step=step, rate=f"{rate:g}", seconds=seconds,
+                                   within_goal="yes" if seconds <= GOAL_S else "no")
+                              for step, rate, seconds in rows],
+                source="bench/bench_app.py " + " ".join(sys.argv[1:]))
+    print(f"wrote {out}; appended to bench/results/bench_app.json")
 
 
 if __name__ == "__main__":

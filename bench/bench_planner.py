@@ -1,6 +1,6 @@
 """Planner speed: the capacity plan of scenarios/default.yaml (every strategy, three GPU kinds)
 on one process, and a 200-point sweep on one process, two local processes and Ray, side by side.
-Prints a table and writes out/bench/planner.json.
+Prints a table, writes out/bench/planner.json and appends rows to bench/results/.
 
     .venv/bin/python bench/bench_planner.py [--points 200] [--repeats 2] [--skip-ray]
 
@@ -20,6 +20,7 @@ import os
 import platform
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +31,9 @@ from planner.scenario.loading import load_scenario
 from sim.io.points import PointStore, run_points
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.record import append_rows  # noqa: E402
 
 
 def _measured(fn) -> dict:
@@ -124,7 +128,19 @@ def main() -> None:
         "rows": [dict(job=j, backend=b, workers=w, runs=rows)
                  for (j, b, w), rows in runs.items()],
     }, indent=2))
-    print(f"wrote {out}")
+    speedup = (f"2 local / 1: {min(wall_ratio):.2f}-{max(wall_ratio):.2f}x wall, "
+               f"{min(cpu_ratio):.2f}-{max(cpu_ratio):.2f}x CPU-time model")
+    results = [dict(job=job, processes=f"{workers} {backend}",
+                    cpu_s=statistics.median(r["cpu_s"] for r in rows),
+                    wall_s=" / ".join(f"{v:.1f}" for v in _spread(
+                        [r["wall_s"] for r in rows]).values()),
+                    note=f"{args.repeats} interleaved repeats; workers' CPU s "
+                         f"{statistics.median(r['children_cpu_s'] for r in rows):.1f}"
+                         + (f"; {speedup}" if backend == "local" else ""))
+               for (job, backend, workers), rows in runs.items()]
+    append_rows("bench_planner", results, source="bench/bench_planner.py " + " ".join(
+        sys.argv[1:]), load_average=f"{min(loads):.1f}-{max(loads):.1f}")
+    print(f"wrote {out}; appended to bench/results/bench_planner.json")
 
 
 if __name__ == "__main__":

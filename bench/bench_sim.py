@@ -5,7 +5,7 @@ tokens, uniform mix over 8 adapters, all submitted at once, max batch 32), a mul
 conversation workload (5-turn conversations with prefix caching, 4 domains, switches) and the
 Mooncake trace slice with its prefix-block hash ids (`mooncake_workload`) at 10k, 100k and 1M
 requests, each case in a fresh process so that its peak RSS is its own. Prints a table and
-writes out/bench/sim.json.
+writes out/bench/sim.json; its rows are appended to bench/results/bench_sim.json.
 
 Wall seconds depend on what else the machine runs; CPU seconds (process time of the one core the
 case runs on) are the steadier measure on a shared machine, and the table gives both.
@@ -36,7 +36,9 @@ import numpy as np
 
 OUT = Path(__file__).resolve().parents[1] / "out" / "bench" / "sim.json"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # sim_configs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.record import append_rows  # noqa: E402
 
 MOONCAKE_RATE_SCALE = 0.1
 """The Mooncake slice's arrivals slowed tenfold (0.3 requests/s): one H100 replica serves
@@ -189,7 +191,13 @@ def main() -> None:
                                         machine=platform.machine(), load_average=os.getloadavg(),
                                         cpu_count=os.cpu_count(), rows=rows,
                                         memory_fits=fits), indent=2))
-    print(f"wrote {args.out}")
+    command = "bench/bench_sim.py " + " ".join(sys.argv[1:])
+    for r in rows:  # one call per case: each carries the load average when it ended
+        keys = ("workload", "num_requests", "mode", "requests_per_cpu_s", "requests_per_wall_s",
+                "cpu_s", "peak_rss_gib")
+        append_rows("bench_sim", [{k: r[k] for k in keys} | {"note": "fresh process per case"}],
+                    source=command, load_average=round(r["load_1m"], 2))
+    print(f"wrote {args.out}; appended to bench/results/bench_sim.json")
 
 
 if __name__ == "__main__":

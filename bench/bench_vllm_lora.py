@@ -13,7 +13,8 @@ expose the hidden state), then the real request naming the adapter. Throughput i
 tokens (prompt + output) per second; per-token latency: TTFT / prompt tokens (prefill) and
 (last - first token) / (output tokens - 1) (decode), p50/p90/p99 over requests. Prints a row per
 configuration and writes out/bench/vllm_lora.json and the same rows as a markdown table,
-out/bench/vllm_lora.md, with the 1-minute load average at the end of each row. Not a timed test:
+out/bench/vllm_lora.md, with the 1-minute load average at the end of each row, and appends the
+rows to bench/results/bench_vllm_lora.json. Not a timed test:
 CPU numbers calibrate the cost model's shape, not a GPU's speed.
 """
 
@@ -33,10 +34,12 @@ from safetensors.torch import save_file
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "vllm_plugin"))
+sys.path.insert(0, str(ROOT))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from vllm_helpers import create_llm, save_adapter, tiny_llama  # noqa: E402
 
+from bench.record import append_rows  # noqa: E402
 from engine_ext.reft import ReftSpec, random_reft  # noqa: E402
 from engine_ext.reft_io import save_reft_adapter  # noqa: E402
 from engine_ext.vllm_plugin.config import CONFIG_ENV  # noqa: E402
@@ -164,7 +167,16 @@ def main() -> None:
                                         rows=rows), indent=2))
     table = args.out.with_suffix(".md")
     table.write_text(markdown_table(rows))
-    print(f"wrote {args.out} and {table}")
+    command = "bench/bench_vllm_lora.py " + " ".join(sys.argv[1:])
+    for r in rows:  # one call per row: each carries the load average when it finished
+        p, d = r["prefill_ms_per_token"], r["decode_ms_per_token"]
+        append_rows("bench_vllm_lora", [dict(
+            kind=r["kind"], adapters=r["num_adapters"], mix=r["mix"],
+            tokens_per_s=r["tokens_per_s"], wall_s=r["wall_s"],
+            prefill_ms_per_token=f"{p['p50']:.1f} / {p['p90']:.1f} / {p['p99']:.1f}",
+            decode_ms_per_token=f"{d['p50']:.1f} / {d['p90']:.1f} / {d['p99']:.1f}")],
+            source=command, load_average=round(r["load_1min"], 2))
+    print(f"wrote {args.out} and {table}; appended to bench/results/bench_vllm_lora.json")
 
 
 def markdown_table(rows: list[dict]) -> str:
