@@ -8,7 +8,7 @@ of the batch's tokens and every block of the output: a program whose slot holds 
 step, or whose token block lies past its slot's tokens, exits at once. So a LoRA-enabled engine
 pays for `max_loras` itself even when few adapters run, and each distinct adapter in the step
 adds the programs that compute. Block sizes are the engine's default kernel configuration; the
-cost model prices the two counts with fitted seconds per program (`sim.cost_coeffs`).
+cost model prices the two counts with fitted seconds per program (`sim.cost.coeffs`).
 """
 
 from __future__ import annotations
