@@ -226,17 +226,31 @@ def replica_capacity(runner: _Runner, candidate: Deployment) -> float:
 
 
 def _scale_out(runner: _Runner, candidate: Deployment, capacity: float) -> Trial | None:
-    """Smallest replica count (from the capacity estimate up, one replica at a time) verified at
-    the target rate."""
+    """Smallest replica count verified at the target rate: from the capacity estimate up, one
+    replica at a time; when the estimate itself verifies, down while fewer still verify.
+
+    Replicas behind one router share the bursts that one replica alone must queue, so fewer
+    than target / capacity can meet the SLOs. The count never goes below what the analytical
+    bound allows, the floor `min_cost_per_hour` prunes by."""
     space = runner.space
-    estimate = replicas_for_rate(candidate, space.target_rate_per_s, capacity)
+    target = space.target_rate_per_s
+    estimate = replicas_for_rate(candidate, target, capacity)
     last = min(space.max_num_replicas, estimate + space.max_extra_replicas)
     for num_replicas in range(estimate, last + 1):
-        trial = runner.trial(replace(candidate, num_replicas=num_replicas),
-                             space.target_rate_per_s)
+        trial = runner.trial(replace(candidate, num_replicas=num_replicas), target)
         if trial.meets_slo:
-            return trial
-    return None
+            break
+    else:
+        return None
+    bound = space.rate_upper_bounds.get(candidate, target)
+    fewest = max(candidate.num_model_copies, replicas_for_rate(candidate, target, bound))
+    while num_replicas == estimate and trial.deployment.num_replicas > fewest:
+        fewer = runner.trial(replace(candidate, num_replicas=trial.deployment.num_replicas - 1),
+                             target)
+        if not fewer.meets_slo:
+            break
+        trial = fewer
+    return trial
 
 
 def pareto_front(trials: list[Trial], latency_key: str = "e2e_p99_s") -> tuple[Trial, ...]:
