@@ -84,7 +84,7 @@ def selected(scenario, plans: list[PlannedDeployment],
 
 
 def measure_strategy(scenario, planned: PlannedDeployment, options: VerifyOptions,
-                     device: str, work: Path, partial: list[dict]) -> dict:
+                     device: str, work: Path, on_record) -> dict:
     """One strategy on its engine: the stored record (requests, steps, measured and predicted
     summaries, what ran)."""
     from calibrate.verify_engine import (
@@ -106,7 +106,7 @@ def measure_strategy(scenario, planned: PlannedDeployment, options: VerifyOption
     kwargs = engine_kwargs(point, index, str(model), device)
     host = host_settings(point, device)
     ran = measure(kwargs, kind, adapters, host, conversations, clock=options.clock,
-                  device=device, group=f"verify:{planned.strategy}", partial=partial)
+                  device=device, group=f"verify:{planned.strategy}", on_record=on_record)
     return dict(strategy=planned.strategy, index=index, source=planned.source,
                 deployment=asdict(planned.deployment), is_feasible=planned.is_feasible,
                 engine_kwargs=kwargs, host=dict(host, allocator=ran["allocator"]),
@@ -121,7 +121,8 @@ def measure_strategy(scenario, planned: PlannedDeployment, options: VerifyOption
 def run_verify(scenario_path: Path, plan_path: Path | None, out: Path, options: VerifyOptions,
                on_progress=None) -> VerifyResult:
     """Verify every selected strategy (resuming finished ones from OUT/points); write
-    OUT/verify.json and OUT/verify.html; the result (exit status: `missed_slos`)."""
+    OUT/verify.json and OUT/verify.html; the result (exit status: `missed_slos`).
+    `on_progress(strategy, finished requests, requests)`: 0 when its engine starts."""
     from calibrate.verify_engine import check_engine_installed
     from planner.predict.intervals import pricing_errors
     from planner.scenario.loading import load_scenario
@@ -143,11 +144,18 @@ def run_verify(scenario_path: Path, plan_path: Path | None, out: Path, options: 
 
     def run(payload: dict) -> dict:
         planned, key = chosen[payload["index"]], tasks[payload["index"]].key
-        if on_progress:
-            on_progress(planned.strategy)
         partial: list[dict] = []
+
+        def on_record(record: dict) -> None:
+            partial.append(record)
+            if on_progress:
+                on_progress(planned.strategy, len(partial), options.num_requests)
+
+        if on_progress:
+            on_progress(planned.strategy, 0, options.num_requests)
         try:
-            return measure_strategy(scenario, planned, options, device, out / "work", partial)
+            return measure_strategy(scenario, planned, options, device, out / "work",
+                                    on_record)
         except BaseException:
             if partial:  # Ctrl-C or a failure: what finished is kept
                 write_atomic(out / "partial" / f"{key}.json", json.dumps(partial).encode())

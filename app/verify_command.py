@@ -20,6 +20,17 @@ def _fail(message: str) -> None:
     raise typer.Exit(BAD_INPUT_EXIT)
 
 
+def _progress(status, engine: str):
+    """Progress on the status line; in a log (not a terminal) a line at each tenth."""
+    def show(label: str, done: int, total: int) -> None:
+        text = (f"verifying {label}: starting {engine} (tens of seconds)" if done == 0 else
+                f"verifying {label}: {done} of {total} requests")
+        status.update(text)
+        if not console.is_terminal and (done % max(1, total // 10) == 0 or done == total):
+            errors.print(text)
+    return show
+
+
 def verify(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
     plan: Annotated[Path | None, typer.Option(
@@ -68,9 +79,8 @@ def verify(
     folder = out or Path("out") / file_name(name) / "verify"
     try:
         with console.status("starting") as status:
-            result = run_verify(scenario, plan, folder, options, on_progress=lambda label:
-                                status.update(f"verifying {label} on a real {engine} engine "
-                                              "(start-up takes tens of seconds)"))
+            result = run_verify(scenario, plan, folder, options,
+                                on_progress=_progress(status, engine))
     except EngineMissing as err:
         _fail(str(err))
     except (PlanMismatch, FileNotFoundError, ValueError) as err:

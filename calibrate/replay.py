@@ -62,13 +62,13 @@ class ReplayClock:
 
 
 def replay_open_loop(session, conversations: list[ReplayConversation],
-                     clock: str = "cpu", records: list[dict] | None = None) -> list[dict]:
+                     clock: str = "cpu", on_record=None) -> list[dict]:
     """Serve `conversations` on a `VllmSession`, honouring their arrival times on `clock` (open
     loop: a late engine does not delay arrivals); a later turn's prompt is the whole history
     (earlier prompts and the tokens the engine generated) plus its user tokens, so prefix
     caching sees real prefixes.
     Returns one record per turn: arrival, first token and finish (seconds), tokens; each is
-    also appended to `records` as it finishes (what an interrupted replay measured)."""
+    also passed to `on_record` as it finishes (what an interrupted replay measured)."""
     import heapq
 
     from vllm import SamplingParams
@@ -79,7 +79,7 @@ def replay_open_loop(session, conversations: list[ReplayConversation],
     heapq.heapify(queue)
     history: dict[int, list[int]] = {i: [] for i in range(len(conversations))}
     live: dict[str, dict] = {}
-    records = [] if records is None else records
+    records: list[dict] = []
     timer = ReplayClock(clock)
     while queue or live:
         now = timer.now()
@@ -113,6 +113,8 @@ def replay_open_loop(session, conversations: list[ReplayConversation],
                 conv, turn = rec["conv"], rec["turn"]
                 history[conv] = rec.pop("prompt") + tokens
                 records.append(dict(rec, finish_s=t_now, num_output_tokens=len(tokens)))
+                if on_record is not None:
+                    on_record(records[-1])
                 nxt = conversations[conv].turns[turn + 1:turn + 2]
                 if nxt:
                     heapq.heappush(queue, (t_now + nxt[0].think_s, conv, turn + 1))

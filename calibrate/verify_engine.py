@@ -202,9 +202,9 @@ class VerifySession:
 
 
 def measure(engine_kwargs: dict, kind: str, adapters: list[Path], host: dict, conversations,
-            *, clock: str, device: str, group: str, partial: list[dict]) -> dict:
+            *, clock: str, device: str, group: str, on_record) -> dict:
     """Start the engine, warm it up, replay `conversations` open loop on `clock` (finished
-    requests also land in `partial` as they finish), stop the engine. The requests, the timed
+    requests also go to `on_record` as they finish), stop the engine. The requests, the timed
     steps as samples, the KV blocks vLLM resolved and the allocator in use."""
     from calibrate.replay import replay_open_loop
 
@@ -212,7 +212,8 @@ def measure(engine_kwargs: dict, kind: str, adapters: list[Path], host: dict, co
     try:
         session.warm_up()
         with session.timed_steps() as timings:
-            records = replay_open_loop(session, conversations, clock=clock, records=partial)
+            records = replay_open_loop(session, conversations, clock=clock,
+                                       on_record=on_record)
     finally:
         session.close()
     steps = session.step_samples(timings, group, device)

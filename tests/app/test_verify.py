@@ -198,3 +198,32 @@ def test_a_verify_run_joins_the_calibration_samples(verified):
     assert any(r["group"] == "verify:multi_lora" for r in fitted.errors)
     with pytest.raises(ValueError, match=r"ran on GPU kind 'cpu'.*of 'H100-SXM'"):
         verify_samples(root / "verify", "H100-SXM")
+
+
+def test_ctrl_c_stops_the_engine_and_keeps_the_finished_requests(tmp_path):
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    scenario = write_scenario(tmp_path, "e2e_p99_s: 60.0")
+    out = tmp_path / "verify"
+    env = {**os.environ, "PYTHONPATH": str(repo), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    child = subprocess.Popen([sys.executable, "-m", "app.cli", "verify", str(scenario),
+                              "--num-requests", "40", "--out", str(out)], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in child.stderr:  # progress lines: the replay is under way once one counts
+            if re.search(r"multi_lora: [1-9]\d* of 40 requests", line):
+                break
+        child.send_signal(signal.SIGINT)
+        _, rest = child.communicate(timeout=300)
+    finally:
+        child.kill()
+    assert child.returncode == 130, rest[-2000:]
+    assert "interrupted: what finished is kept" in rest and "Traceback" not in rest
+    [partial] = (out / "partial").glob("verify-00-multi_lora-*.json")
+    kept = json.loads(partial.read_text())
+    assert 1 <= len(kept) < 40 and all(r["finish_s"] >= r["first_token_s"] for r in kept)
+    assert not list((out / "points").glob("verify-*.json"))  # unfinished: measured again
