@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from planner.jobs.strategy_points import plan_point, scenario_tasks, simulate_point
+from planner.jobs.strategy_points import (
+    all_turns,
+    plan_point,
+    scenario_tasks,
+    simulate_point,
+    turns_cut_note,
+)
 from planner.outputs import sim_figures
 from planner.outputs.plan_figures import (
     COMPARISON_FIGURES,
@@ -178,6 +184,9 @@ def run_scenario_file(
                          num_workers=num_workers, ray_address=ray_address,
                          on_done=progress_counter(len(tasks), on_progress))
     frames, errors = _collect(records)
+    sims = [r["result"] for k, r in records.items() if k.startswith("sim-") and r["status"] == "ok"]
+    cut = turns_cut_note(sims)
+    notes += (cut,) if cut else ()
     if not offline:  # the plan `molcap verify --plan` checks on a real engine
         plans = [r for k, r in records.items() if k.startswith("plan-")]
         write_atomic(out_dir / "plan.json", json.dumps(
@@ -186,9 +195,13 @@ def run_scenario_file(
     for name, df in {**comparisons, **frames}.items():
         if not df.empty:
             tables += write_table(df, out_dir / "tables" / name)
+    if cut:  # the parquet table holds every turn; the CSV keeps the rows the report shows
+        full = pd.concat([all_turns(r) for r in sims], ignore_index=True)
+        write_atomic(out_dir / "tables" / "sim_turns.parquet", full.to_parquet(index=False))
     pricing = pd.DataFrame([{"strategy": k, "priced by": v}
                             for k, v in pricing_sources(scenario, path.parent).items()])
-    sections = ([ReportSection("Capacity plan", note) for note in notes]
+    sections = ([ReportSection("Capacity plan" if note == OFFLINE_NOTE else "Turn table", note)
+                 for note in notes]
                 + [ReportSection("Cost profile", PRICING_NOTE, [], [pricing])]
                 + _plan_sections(frames["plans"], frames["plan_trials"], scenario)
                 + _sim_sections(frames["sim_summary"], frames["sim_turns"],

@@ -6,6 +6,8 @@ a JSON-able record, so points run in worker processes or on Ray and are stored a
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import math
 from dataclasses import asdict
@@ -21,7 +23,8 @@ from sim.io.files import file_name
 from sim.io.points import PointTask, content_digest
 
 MAX_TURN_ROWS = 20_000
-"""Turn rows kept per strategy in a stored simulation record (the report samples them)."""
+"""Turn rows per strategy kept as JSON rows in a stored simulation record and in the CSV and
+report (which sample them); the record also holds every turn as parquet, for the parquet table."""
 
 
 def _trial_row(label: str, trial: Trial) -> dict:
@@ -82,7 +85,8 @@ def simulate_point(payload: dict) -> dict:
     summary = {k: (None if isinstance(v, float) and math.isnan(v) else v)
                for k, v in result.summary.items()}
     return dict(strategy=scenario.strategies[index].label, summary=summary,
-                turns=_json_rows(result.turns.head(MAX_TURN_ROWS)),
+                turns=_json_rows(result.turns.head(MAX_TURN_ROWS)), num_turns=len(result.turns),
+                turns_parquet=base64.b64encode(result.turns.to_parquet(index=False)).decode(),
                 timeseries=_json_rows(result.timeseries),
                 kv_by_namespace=_json_rows(result.kv_by_namespace), stats=result.stats)
 
@@ -95,3 +99,23 @@ def scenario_tasks(scenario: Scenario, what: str) -> list[PointTask]:
     return [PointTask(f"{what}-{i:02d}-{file_name(st.label)}-{digest}",
                       {"what": what, "scenario": dump, "index": i})
             for i, st in enumerate(scenario.strategies)]
+
+
+def all_turns(record: dict) -> pd.DataFrame:
+    """Every turn of a simulation record (its parquet copy; the JSON rows in older records)."""
+    if "turns_parquet" in record:
+        turns = pd.read_parquet(io.BytesIO(base64.b64decode(record["turns_parquet"])))
+    else:
+        turns = pd.DataFrame(record["turns"])
+    return turns.assign(strategy=record["strategy"])
+
+
+def turns_cut_note(records: list[dict]) -> str | None:
+    """The sentence saying which strategies' turn rows the CSV and the report cut, if any."""
+    cut = [f"{r['strategy']} ({len(r['turns']):,} of {r.get('num_turns', len(r['turns'])):,})"
+           for r in records if r.get("num_turns", 0) > len(r["turns"])]
+    if not cut:
+        return None
+    return (f"sim_turns.csv and the turn figures hold the first {MAX_TURN_ROWS:,} turns of each "
+            f"strategy: cut for {', '.join(cut)}; sim_turns.parquet and the summary hold every "
+            "turn.")
