@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     started = not ray.is_initialized()
     if started:
         ray.init(address=args.address, include_dashboard=False, log_to_driver=False)
+    if verify_task.__module__ != "__main__":  # imported as a module the workers cannot import
+        ray.cloudpickle.register_pickle_by_value(sys.modules[verify_task.__module__])
     try:
         remote = ray.remote(verify_task).options(
             **task_options(args.gpu_kind, args.num_gpus, args.device))

@@ -227,3 +227,36 @@ def test_ctrl_c_stops_the_engine_and_keeps_the_finished_requests(tmp_path):
     kept = json.loads(partial.read_text())
     assert 1 <= len(kept) < 40 and all(r["finish_s"] >= r["first_token_s"] for r in kept)
     assert not list((out / "points").glob("verify-*.json"))  # unfinished: measured again
+
+
+def test_the_slurm_and_ray_verify_jobs_run_verify_and_resume_its_points(verified, tmp_path):
+    """The cluster jobs' CPU path against the module's verify folder: each runs `molcap
+    verify` with the same arguments, finds the strategy measured, re-checks and writes."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    root, _ = verified
+    points = sorted((root / "verify" / "points").glob("verify-*.json"))
+    stamps = [p.stat().st_mtime_ns for p in points]
+    env = {**os.environ, "PYTHONPATH": str(repo), "SCENARIO": str(root / "tiny.yaml"),
+           "PLAN": str(root / "out" / "tiny_verify" / "plan.json"), "DEVICE": "cpu",
+           "REQUESTS": str(NUM_REQUESTS), "OUT": str(root / "verify"),
+           "MOLCAP": f"{sys.executable} -m app.cli"}
+    done = subprocess.run(["bash", str(repo / "calibrate/cluster/slurm_verify.sbatch")],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "TTFT p99" in done.stdout
+    sys.path.insert(0, str(repo / "calibrate" / "cluster"))
+    import ray_verify
+
+    assert ray_verify.task_options("H100-SXM", 2, "cuda") == dict(
+        num_gpus=2, resources={"accelerator_type:H100": 0.001})
+    os.environ["PYTHONPATH"] = str(repo)  # the Ray worker's child process imports molcap
+    status = ray_verify.main([str(root / "tiny.yaml"), "--plan",
+                              str(root / "out" / "tiny_verify" / "plan.json"), "--device", "cpu",
+                              "--num-requests", str(NUM_REQUESTS), "--out",
+                              str(root / "verify"), "--molcap", f"{sys.executable} -m app.cli"])
+    assert status == 0
+    assert [p.stat().st_mtime_ns for p in points] == stamps  # resumed: nothing re-measured
+    assert json.loads((root / "verify" / "verify.json").read_text())["missed_slos"] == []
