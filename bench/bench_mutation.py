@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.record import append_rows, load_results, results_dir  # noqa: E402
+from bench.record import RESULTS_DIR, append_rows, load_results, results_dir  # noqa: E402
 
 MODULES = {
     "sim/cost/cost_model.py": ["tests/sim/test_cost_model.py"],
@@ -53,11 +53,6 @@ COPIED = ("sim", "planner", "tests", "scenarios", "pyproject.toml")
 EQUIVALENT = ROOT / "bench" / "mutation_equivalent.json"
 DOC = ROOT / "docs" / "mutation.md"
 BENCHMARK = "bench_mutation"
-COLUMNS = [("module", "module"), ("num_mutants", "mutants in the module"),
-           ("num_sampled", "mutants run"), ("num_killed", "killed"),
-           ("num_survived", "survived"), ("num_equivalent", "survivors judged equivalent"),
-           ("num_incompetent", "not runnable"), ("kill_rate", "kill rate (non-equivalent)"),
-           ("minutes", "minutes")]
 
 
 def _key(mutation: dict) -> str:
@@ -180,7 +175,9 @@ def write_doc(runs: list[dict], equivalent: dict[str, str]) -> None:
                        if d[:1] in "+-" and not d.startswith(("---", "+++"))]
             lines += [f"  `{d.strip()}`" for d in changed[:2]]
         lines.append("")
-    DOC.write_text("\n".join(lines), encoding="utf-8")
+    # A trial run into another results folder (MOLCAP_BENCH_RESULTS_DIR) keeps its page there.
+    doc = DOC if results_dir() == RESULTS_DIR else results_dir() / DOC.name
+    doc.write_text("\n".join(lines), encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,14 +198,9 @@ def main(argv: list[str] | None = None) -> int:
                                                   seed=args.seed, timeout_s=args.timeout_s),
                              args.modules))
     rows = [summarize(run, equivalent) for run in runs]
-    append_rows(BENCHMARK, rows, title="Mutation testing: kill rate per module "
-                "(bench/bench_mutation.py)",
-                about="cosmic-ray mutants of each core module, run against only that module's "
-                "own tests; kill rate over mutants not judged equivalent. Reproduce: "
-                "`nice -n 19 python bench/bench_mutation.py` (about an hour on two cores).",
-                columns=COLUMNS, source=f"bench/bench_mutation.py --sample {args.sample} "
-                f"--seed {args.seed}",
-                load_average=f"{load_before:.1f}-{os.getloadavg()[0]:.1f}")
+    # The column labels and the title live in bench/results/bench_mutation.json.
+    append_rows(BENCHMARK, rows, source=f"bench/bench_mutation.py --sample {args.sample} "
+                f"--seed {args.seed}", load_average=f"{load_before:.1f}-{os.getloadavg()[0]:.1f}")
     write_doc(runs, equivalent)
     for row in rows:
         print(f"{row['module']}: {row['num_killed']}/{row['num_sampled']} killed, "
