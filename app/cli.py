@@ -18,7 +18,6 @@ from planner.cli.commands import app  # noqa: E402
 
 app.add_typer(calibrate_app, name="calibrate")
 app.command()(verify)
-app.command("verify")(verify)
 
 if __name__ == "__main__":
     app()

@@ -43,7 +43,8 @@ from sim.cost.cost_model import default_coeffs  # noqa: E402
 from sim.cost.memory_model import kv_bytes_per_token  # noqa: E402
 from sim.hardware.catalogue import get_gpu, get_model  # noqa: E402
 from sim.simulate import simulate  # noqa: E402
-from sim.strategies.placement import adapter_placements, kv_layout  # noqa: E402
+from sim.strategies.placement import adapter_placements  # noqa: E402
+from sim.strategies.registry import kv_layout  # noqa: E402
 from sim.workload.generate import punica_workload  # noqa: E402
 
 NUM_ADAPTERS, RANK, OUTPUT_TOKENS = 8, 8, 16

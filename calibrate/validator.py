@@ -193,7 +193,7 @@ def sim_config(w: ValidationWorkload, coeffs, spec, num_kv_blocks: int, *, num_l
     """SimConfig of the tiny model on the `cpu` entry under the engine's own limits."""
     from sim.config import AdapterSpec, EngineLimits, SimConfig, StrategySpec
     from sim.hardware.catalogue import get_gpu, get_model
-    from sim.strategies.placement import kv_layout
+    from sim.strategies.registry import kv_layout
 
     arch = get_model("vllm-tiny-llama")
     placements = tuple((i, m) for i in range(num_layers) for m in targets)

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sim.cost.cost_model import CostCoeffs
 from sim.hardware.specs import GpuSpec, ModelArch
-from sim.strategies.placement import KvLayout, kv_layout
+from sim.strategies.placement import KvLayout
+from sim.strategies.registry import STRATEGIES, kv_layout
 
-StrategyKind = Literal[
-    "base", "multi_lora", "preft", "mol", "contextual_mol", "mol2", "multi_agent"
-]
 RouterPolicy = Literal["round_robin", "least_outstanding", "affinity"]
 
 
@@ -88,8 +86,8 @@ class AdapterSpec(_Frozen):
 class StrategySpec(_Frozen):
     """A serving strategy reduced to the numbers the simulator uses."""
 
-    kind: StrategyKind
-    """Which mechanism serves a turn."""
+    kind: str
+    """Which mechanism serves a turn: a kind in `sim.strategies.registry`."""
     label: str = ""
     """Name in reports."""
     kv_layout: KvLayout | None = None
@@ -133,6 +131,13 @@ class StrategySpec(_Frozen):
     """CED strategies: bounded replay length on a switch."""
     num_handover_tokens: int | None = Field(default=None, ge=1)
     """Multi-agent: text handed to the next agent; None hands over the whole history."""
+
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, kind: str) -> str:
+        if kind not in STRATEGIES:
+            raise ValueError(f"unknown strategy kind {kind!r}; registered: {sorted(STRATEGIES)}")
+        return kind
 
     @property
     def num_domains(self) -> int:

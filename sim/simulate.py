@@ -23,6 +23,7 @@ from sim.engine.replica import Replica, SimulationError, StepCounter
 from sim.engine.scheduler import Engine
 from sim.engine.step_pricer import StepPricer
 from sim.metrics import MetricsRecorder, summarize
+from sim.strategies.registry import get_strategy
 from sim.strategies.turns import TurnDriver
 from sim.workload.generate import Workload, with_reply_scale
 
@@ -72,7 +73,7 @@ def in_engine_decision_floor_s(s: StrategySpec) -> float:
     """A measured decision time of a head that runs inside the answer's prefill step (MoL2 in
     the engine): the head's GPU time in that step is at least this. Routers with a pass of their
     own wait it out instead (`sim.strategies.turns`)."""
-    in_engine = s.kind == "mol2" and s.routing == "in_engine"
+    in_engine = get_strategy(s.kind).head_rides_answer(s)
     return (s.measured_decision_time_s or 0.0) if in_engine else 0.0
 
 
@@ -84,7 +85,7 @@ def create_profile(config: SimConfig) -> LayerCosts:
         adapter_rank=s.adapter_rank, adapter_placements=list(s.adapter_placements),
         num_head_params=s.num_head_params, min_decision_s=in_engine_decision_floor_s(s),
         max_loras=config.engine.max_loras if s.adapter_kind == "lora" else 0,
-        lora_kernels_run_unadapted=s.kind != "preft")
+        lora_kernels_run_unadapted=get_strategy(s.kind).is_decode_adapted)
 
 
 def pricing_identity(config: SimConfig) -> str:
@@ -107,9 +108,7 @@ def agent_loads(workload: Workload, num_agents: int) -> list[float]:
 
 def _longest_sequence_tokens(config: SimConfig, workload: Workload) -> int:
     s = config.strategy
-    extra = {"mol": s.num_route_prompt_tokens + s.num_route_decode_tokens + s.max_summary_tokens,
-             "contextual_mol": s.num_domains * s.num_option_description_tokens}
-    return workload.max_context_tokens() + extra.get(s.kind, 0)
+    return workload.max_context_tokens() + get_strategy(s.kind).extra_sequence_tokens(s)
 
 
 def validate_inputs(config: SimConfig, workload: Workload, num_kv_blocks: int) -> None:
@@ -173,7 +172,7 @@ def _routing_gpu_seconds(config: SimConfig, profile: LayerCosts, turns: pd.DataF
     in-engine head's time inside the answer prefill, times the GPUs of a replica."""
     s = config.strategy
     replica_s = float(turns["routing_busy_s"].sum())
-    if s.kind == "mol2" and s.routing == "in_engine":
+    if get_strategy(s.kind).head_rides_answer(s):
         replica_s += summary["num_routed_turns"] * routing_decision_s(config.coeffs, profile, 1)
     served_s = float(turns[[c for c in turns if c.endswith("_busy_s")]].sum().sum())
     gpus = config.tensor_parallel_size
@@ -202,7 +201,7 @@ def simulate(config: SimConfig, workload: Workload, *, timeseries_interval_s: fl
     if cluster.disaggregation is None:
         replicas = _build_replicas(env, config, pricer, num_kv_blocks, counter, recorder,
                                    cluster.num_replicas)
-        num_groups = config.strategy.num_domains if config.strategy.kind == "multi_agent" else 1
+        num_groups = get_strategy(config.strategy.kind).num_replica_groups(config.strategy)
         if len(replicas) < num_groups:
             raise SimInputError(f"cluster.num_replicas: multi_agent needs one replica per agent "
                                 f"({num_groups}), got {len(replicas)}")

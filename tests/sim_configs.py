@@ -4,22 +4,24 @@ from __future__ import annotations
 
 from sim.config import AdapterSpec, ClusterSpec, EngineLimits, SimConfig, StrategySpec
 from sim.hardware.catalogue import get_gpu, get_model
-from sim.strategies.placement import adapter_placements, kv_layout
+from sim.strategies.placement import adapter_placements
+from sim.strategies.registry import get_strategy, kv_layout
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def strategy_for(kind: str, model: str, num_adapters: int = 4, **fields) -> StrategySpec:
     """A strategy of `kind` over `num_adapters` rank-16 attention adapters on `model`."""
-    arch = get_model(model)
-    if kind in ("base", "multi_agent"):
+    arch, strategy = get_model(model), get_strategy(kind)
+    if not strategy.uses_adapters:  # the base model, or one full model per agent
+        num_domains = num_adapters if strategy.is_model_per_domain else 0
         adapters = tuple(AdapterSpec(name=f"d{i}", num_bytes_per_gpu=0.0)
-                         for i in range(num_adapters if kind == "multi_agent" else 0))
+                         for i in range(num_domains))
         layout = kv_layout(arch, kind, [])
         return StrategySpec(kind=kind, label=kind, kv_layout=layout, adapters=adapters, **fields)
     placements = adapter_placements(arch, None, ATTENTION_MODULES)
     defaults = dict(adapter_kind="lora", adapter_rank=16, adapter_placements=tuple(placements),
-                    is_decode_adapted=kind != "preft",
+                    is_decode_adapted=strategy.is_decode_adapted,
                     kv_layout=kv_layout(arch, kind, [placements] * num_adapters))
     if arch.ced is not None:
         defaults.update(replay_window_tokens=arch.ced.sliding_window_tokens,

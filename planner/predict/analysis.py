@@ -18,6 +18,7 @@ from planner.scenario.schema import Scenario
 from sim.cost.cost_model import create_step_batch, predict_step, routing_decision_s
 from sim.cost.memory_model import conversation_kv
 from sim.cost.phase_costs import decode_run_s, decode_step, prefill_s
+from sim.strategies.registry import get_strategy
 
 GIB = 2**30
 
@@ -153,7 +154,7 @@ def _tpot_s(scenario: Scenario, strategy, costing: StrategyCosting, ctx: int) ->
         return a.measured_turn_per_token_s
     return decode_step(costing.coeffs, costing.profile, batch_size=a.decode_batch_size,
                        num_context_tokens=ctx, num_distinct_adapters=_batch_adapters(strategy, a),
-                       is_adapted=strategy.kind != "preft").total_s
+                       is_adapted=get_strategy(strategy.kind).is_decode_adapted).total_s
 
 
 def _batch_adapters(strategy, analysis) -> int:
@@ -179,7 +180,7 @@ def _direct_turn_s(scenario: Scenario, strategy, costing: StrategyCosting,
                                 num_context_tokens=ctx + a.num_query_tokens,
                                 batch_size=a.decode_batch_size,
                                 num_distinct_adapters=_batch_adapters(strategy, a),
-                                is_adapted=strategy.kind != "preft")
+                                is_adapted=get_strategy(strategy.kind).is_decode_adapted)
 
 
 def routing_overhead(scenario: Scenario) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -218,7 +219,7 @@ def decode_step_vs_adapters(scenario: Scenario) -> pd.DataFrame:
             step = decode_step(costing.coeffs, costing.profile, batch_size=a.decode_batch_size,
                                num_context_tokens=a.num_turn_context_tokens,
                                num_distinct_adapters=distinct if has_adapters else 0,
-                               is_adapted=strategy.kind != "preft")
+                               is_adapted=get_strategy(strategy.kind).is_decode_adapted)
             rows.append(dict(_labels(strategy, costing), distinct_adapters=distinct,
                              step_s=step.total_s,
                              **{k: v for k, v in step.as_dict().items() if k != "total_s"}))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.scenario.pricing import resolve_pricing
+from planner.scenario.pricing import adapter_pricing, resolve_pricing
 from planner.scenario.schema import Scenario
 from planner.scenario.workloads import (
     ConversationWorkload,
@@ -33,7 +33,7 @@ from sim.cost.memory_model import LORA_DTYPE_BYTES
 from sim.cost.model_shapes import lora_weights_per_rank
 from sim.hardware.specs import ModelArch
 from sim.simulate import SimResult, simulate
-from sim.strategies.placement import adapter_placements, kv_layout
+from sim.strategies.registry import get_strategy, kv_layout
 from sim.workload.generate import (
     Workload,
     conversation_workload,
@@ -50,25 +50,24 @@ from sim.workload.traces import (
 )
 
 
-def _adapter_numbers(strategy, arch: ModelArch, tp: int) -> dict:
-    """Adapter arithmetic, placements, per-GPU load bytes and the KV layout they imply."""
+def _adapter_numbers(strategy, arch: ModelArch, tp: int, max_lora_rank: int) -> dict:
+    """Adapter pricing (`adapter_pricing`), per-GPU load bytes and the KV layout."""
     adapters = getattr(strategy, "adapters", ())
-    if strategy.kind in ("base", "multi_agent") or not adapters:
-        return dict(adapter_kind="none", kv_layout=kv_layout(arch, strategy.kind, []),
+    pricing = adapter_pricing(strategy, arch, max_lora_rank)
+    layout = kv_layout(arch, strategy.kind, [list(p) for p in pricing.each])
+    if pricing.kind == "none":
+        return dict(adapter_kind="none", kv_layout=layout,
                     adapters=tuple(AdapterSpec(name=a.name, num_bytes_per_gpu=0.0)
                                    for a in adapters))
-    is_direft = strategy.kind == "preft" and strategy.variant == "direft_p"
-    every = [adapter_placements(arch, a.layers, a.target_modules) for a in adapters]
     specs = []
-    for a, pairs in zip(adapters, every, strict=True):
-        per_rank = (2 * arch.hidden_size * len({layer for layer, _ in pairs}) if is_direft
-                    else lora_weights_per_rank(arch, pairs))
+    for a, pairs in zip(adapters, pricing.each, strict=True):
+        # The bytes loaded are the adapter's own, at its own rank.
+        per_rank = (2 * arch.hidden_size * len({layer for layer, _ in pairs})
+                    if pricing.kind == "direft" else lora_weights_per_rank(arch, list(pairs)))
         specs.append(AdapterSpec(name=a.name,
                                  num_bytes_per_gpu=a.rank * per_rank * LORA_DTYPE_BYTES / tp))
-    return dict(adapter_kind="direft" if is_direft else "lora", adapters=tuple(specs),
-                adapter_rank=max(a.rank for a in adapters),
-                adapter_placements=tuple(every[0]),
-                kv_layout=kv_layout(arch, strategy.kind, every))
+    return dict(adapter_kind=pricing.kind, adapters=tuple(specs), adapter_rank=pricing.rank,
+                adapter_placements=pricing.placements, kv_layout=layout)
 
 
 def strategy_spec(scenario: Scenario, index: int) -> StrategySpec:
@@ -76,29 +75,12 @@ def strategy_spec(scenario: Scenario, index: int) -> StrategySpec:
     st = scenario.strategies[index]
     arch = scenario.strategy_arch(index)
     fields = dict(kind=st.kind, label=st.label, output_length_scale=st.output_length_scale,
-                  **_adapter_numbers(st, arch, scenario.hardware.tensor_parallel_size))
-    names = [a.name for a in getattr(st, "adapters", ())]
-    if st.kind == "preft":
-        fields["is_decode_adapted"] = False
-    if st.kind == "mol":
-        fields.update(router_adapter_index=names.index(st.router_adapter)
-                      if st.router_adapter else 0,
-                      num_route_prompt_tokens=st.num_route_prompt_tokens,
-                      num_route_decode_tokens=st.num_route_decode_tokens,
-                      max_summary_tokens=st.max_summary_tokens)
+                  **_adapter_numbers(st, arch, scenario.hardware.tensor_parallel_size,
+                                     scenario.engine.max_lora_rank))
+    fields.update(st.sim_fields([a.name for a in getattr(st, "adapters", ())]))
     if fields["kv_layout"] == "shared":
         fields["replay_window_tokens"] = (getattr(st, "replay_window_tokens", None)
                                           or arch.ced.sliding_window_tokens)
-    if st.kind == "contextual_mol":
-        fields.update(num_option_description_tokens=st.num_option_description_tokens,
-                      num_head_params=st.num_head_params)
-    if st.kind == "mol2":
-        fields.update(routing=st.routing, num_head_params=st.num_head_params)
-    if st.kind in ("mol", "contextual_mol", "mol2"):
-        fields["measured_decision_time_s"] = st.measured_decision_time_s
-        fields["routing_accuracy"] = st.resolved_router_accuracy
-    if st.kind == "multi_agent":
-        fields["num_handover_tokens"] = st.num_handover_tokens
     return StrategySpec(**fields)
 
 
@@ -181,37 +163,47 @@ def num_router_replicas(scenario: Scenario, index: int) -> int:
     return st.num_router_replicas if getattr(st, "router_pool", "serving") == "dedicated" else 0
 
 
-def simulate_strategy(
+def create_sim_config(
     scenario: Scenario, strategy_index: int, *, num_replicas: int | None = None,
     router: RouterPolicy | None = None, mode: str = "fast", seed: int | None = None,
-    workload: Workload | None = None, scenario_dir: Path | None = None,
-    bounds: SimBounds | None = None, timeseries_interval_s: float = 1.0,
-) -> SimResult:
-    """Simulate strategy `strategy_index` of `scenario` (replicas, router and bounds default to
-    the scenario's; multi-agent gets at least one replica per agent). Pass `workload` to reuse
-    one across strategies."""
+    scenario_dir: Path | None = None, bounds: SimBounds | None = None,
+) -> SimConfig:
+    """The simulator's config of strategy `strategy_index` (replicas, router and bounds default
+    to the scenario's; a strategy with a model per domain gets at least one replica each)."""
     strategy = strategy_spec(scenario, strategy_index)
     hw, e = scenario.hardware, scenario.engine
-    replicas = num_replicas or hw.num_replicas
-    if strategy.kind == "multi_agent":
-        replicas = max(replicas, strategy.num_domains)
+    replicas = max(num_replicas or hw.num_replicas,
+                   get_strategy(strategy.kind).num_replica_groups(strategy))
     disagg = None
     if e.disaggregation is not None:
         d = e.disaggregation
         disagg = DisaggregationSpec(
             num_prefill_workers=d.num_prefill_workers, num_decode_workers=d.num_decode_workers,
             kv_transfer_bandwidth_bytes_per_s=d.kv_transfer_bandwidth_bytes_per_s)
-    run_seed = scenario.seed if seed is None else seed
-    config = SimConfig(
+    return SimConfig(
         arch=scenario.strategy_arch(strategy_index), gpu=hw.gpu_spec,
         tensor_parallel_size=hw.tensor_parallel_size, engine=engine_limits(scenario),
         strategy=strategy, coeffs=resolve_pricing(scenario, scenario_dir).coeffs,
         cluster=ClusterSpec(num_replicas=replicas, router=router or hw.router,
                             disaggregation=disagg,
                             num_router_replicas=num_router_replicas(scenario, strategy_index)),
-        bounds=bounds or SimBounds(**scenario.simulation.model_dump()), seed=run_seed, mode=mode)
+        bounds=bounds or SimBounds(**scenario.simulation.model_dump()),
+        seed=scenario.seed if seed is None else seed, mode=mode)
+
+
+def simulate_strategy(
+    scenario: Scenario, strategy_index: int, *, num_replicas: int | None = None,
+    router: RouterPolicy | None = None, mode: str = "fast", seed: int | None = None,
+    workload: Workload | None = None, scenario_dir: Path | None = None,
+    bounds: SimBounds | None = None, timeseries_interval_s: float = 1.0,
+) -> SimResult:
+    """Simulate strategy `strategy_index` of `scenario` (see `create_sim_config`). Pass
+    `workload` to reuse one across strategies."""
+    config = create_sim_config(scenario, strategy_index, num_replicas=num_replicas,
+                               router=router, mode=mode, seed=seed, scenario_dir=scenario_dir,
+                               bounds=bounds)
     if workload is None:
-        workload = create_workload(scenario, strategy.num_domains,
-                                   np.random.default_rng(run_seed), scenario_dir)
+        workload = create_workload(scenario, config.strategy.num_domains,
+                                   np.random.default_rng(config.seed), scenario_dir)
     return simulate(config, workload, timeseries_interval_s=timeseries_interval_s,
                     slo=_slo_targets(scenario))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from planner.scenario.schema import Scenario
 from sim.cost.cost_model import CostCoeffs, default_coeffs
@@ -18,7 +19,8 @@ from sim.cost.layer_costs import LayerCosts, create_layer_costs
 from sim.cost.profile import PROFILES_DIR, CalibrationProfile, load_profile, profile_path
 from sim.hardware.specs import GpuSpec, ModelArch
 from sim.io.yaml_input import ScenarioError, parse_yaml
-from sim.strategies.placement import KvLayout, adapter_placements, kv_layout
+from sim.strategies.placement import KvLayout, adapter_placements
+from sim.strategies.registry import get_strategy, kv_layout
 
 
 @dataclass(frozen=True)
@@ -43,41 +45,57 @@ class StrategyCosting:
         return self.arch.ced.num_encoder_layers if self.arch.ced else 0
 
 
-def _adapter_kind(strategy) -> str:
-    if strategy.kind in ("base", "multi_agent"):
-        return "none"
-    if strategy.kind == "preft" and strategy.variant == "direft_p":
-        return "direft"
-    return "lora"
+@dataclass(frozen=True)
+class AdapterPricing:
+    """How a strategy's adapters are priced: one rule for the analysis and the simulation."""
+
+    kind: Literal["lora", "direft", "none"]
+    rank: int
+    """Rank a step's adapter compute is priced at."""
+    placements: tuple[tuple[int, str], ...]
+    """(layer, module) pairs a step's adapter work covers: the union over the adapters."""
+    each: tuple[tuple[tuple[int, str], ...], ...]
+    """Each adapter's own placements (what the KV layout follows from)."""
+
+
+def adapter_pricing(strategy, arch: ModelArch, max_lora_rank: int) -> AdapterPricing:
+    """The adapter shape a strategy's steps are priced with, as vLLM runs it: every LoRA slot
+    is padded to `max_lora_rank` (vLLM allocates its LoRA buffers at that rank), and a batch
+    runs the union of the modules its adapters wrap. A DiReFT edit (PreFT's direft_p) is applied
+    at its adapter's own rank, so the largest one prices it."""
+    adapters = getattr(strategy, "adapters", ())
+    if not get_strategy(strategy.kind).uses_adapters or not adapters:
+        return AdapterPricing("none", 0, (), ())
+    each = tuple(tuple(adapter_placements(arch, a.layers, a.target_modules)) for a in adapters)
+    placements = tuple(sorted(set().union(*each)))
+    if getattr(strategy, "variant", None) == "direft_p":
+        return AdapterPricing("direft", max(a.rank for a in adapters), placements, each)
+    return AdapterPricing("lora", max_lora_rank, placements, each)
 
 
 def create_strategy_costing(
     scenario: Scenario, index: int, *, gpu: GpuSpec | None = None,
     tensor_parallel_size: int | None = None, coeffs: CostCoeffs | None = None,
 ) -> StrategyCosting:
-    """Cost profile of strategy `index`; adapters are priced at engine.max_lora_rank because
-    vLLM pads every adapter slot to it, on the union of the adapters' placements."""
+    """Cost profile of strategy `index`, its adapters priced by `adapter_pricing`."""
     strategy = scenario.strategies[index]
     arch = scenario.strategy_arch(index)
     gpu = gpu or scenario.hardware.gpu_spec
     tp = tensor_parallel_size or scenario.hardware.tensor_parallel_size
-    kind = _adapter_kind(strategy)
-    every = [adapter_placements(arch, a.layers, a.target_modules)
-             for a in (getattr(strategy, "adapters", ()) if kind != "none" else ())]
-    placements = set().union(*every)
+    adapters = adapter_pricing(strategy, arch, scenario.engine.max_lora_rank)
     profile = create_layer_costs(
-        arch, gpu, tp, adapter_kind=kind, adapter_rank=scenario.engine.max_lora_rank,
-        adapter_placements=sorted(placements),
+        arch, gpu, tp, adapter_kind=adapters.kind, adapter_rank=adapters.rank,
+        adapter_placements=list(adapters.placements),
         num_head_params=getattr(strategy, "num_head_params", 0),
-        max_loras=scenario.engine.max_loras if kind == "lora" else 0,
-        lora_kernels_run_unadapted=strategy.kind != "preft",
+        max_loras=scenario.engine.max_loras if adapters.kind == "lora" else 0,
+        lora_kernels_run_unadapted=get_strategy(strategy.kind).is_decode_adapted,
     )
     window = getattr(strategy, "replay_window_tokens", None) or profile.window_tokens
     if coeffs is None:
         coeffs = (resolve_pricing(scenario).coeffs if gpu.name == scenario.hardware.gpu_spec.name
                   else _gpu_default(gpu).coeffs)
     return StrategyCosting(strategy.label, strategy.kind, arch, gpu, tp, profile, coeffs, window,
-                           kv_layout(arch, strategy.kind, every))
+                           kv_layout(arch, strategy.kind, [list(p) for p in adapters.each]))
 
 
 DEFAULT_PROFILES = {"cpu": "cpu-vllm-tiny-llama", "H100-64GB": "h100-64gb-vllm085-llama-3.1-8b"}

@@ -60,6 +60,10 @@ class _StrategyBase(FrozenModel):
         """Name shown in reports."""
         return self.name or self.kind  # type: ignore[attr-defined]
 
+    def sim_fields(self, adapter_names: list[str]) -> dict:
+        """The simulator's strategy numbers (`sim.config.StrategySpec`) this kind sets."""
+        return {}
+
 
 class _AdapterStrategy(_StrategyBase):
     adapters: tuple[AdapterConfig, ...] = Field(min_length=1)
@@ -139,6 +143,11 @@ class _RoutedStrategy(FrozenModel):
         return float(np.interp(n, [p.num_domains for p in points],
                                [p.accuracy for p in points]))
 
+    def sim_fields(self, adapter_names: list[str]) -> dict:
+        return {**super().sim_fields(adapter_names),  # type: ignore[misc]
+                "measured_decision_time_s": self.measured_decision_time_s,  # type: ignore
+                "routing_accuracy": self.resolved_router_accuracy}
+
 
 class BaseStrategy(_StrategyBase):
     """The base model alone: no adapters, no routing."""
@@ -162,6 +171,9 @@ class PreftStrategy(_AdapterStrategy):
     variant: Literal["lora_p", "direft_p"] = "lora_p"
     """lora_p: LoRA masked to prompt positions; direft_p: low-rank residual-stream edit."""
 
+    def sim_fields(self, adapter_names: list[str]) -> dict:
+        return {**super().sim_fields(adapter_names), "is_decode_adapted": False}
+
 
 class MolStrategy(_RoutedStrategy, _AdapterStrategy):
     """Mixture-of-LoRA on a decoder-only model: route hop, handoff prefill, summary hop."""
@@ -181,6 +193,13 @@ class MolStrategy(_RoutedStrategy, _AdapterStrategy):
     implies (it is never free); the decision takes at least this long. In the analytical
     comparisons it replaces the derived time."""
 
+    def sim_fields(self, adapter_names: list[str]) -> dict:
+        router = adapter_names.index(self.router_adapter) if self.router_adapter else 0
+        return {**super().sim_fields(adapter_names), "router_adapter_index": router,
+                "num_route_prompt_tokens": self.num_route_prompt_tokens,
+                "num_route_decode_tokens": self.num_route_decode_tokens,
+                "max_summary_tokens": self.max_summary_tokens}
+
 
 class ContextualMolStrategy(_RoutedStrategy, _SharedKvStrategy):
     """MoL on a CED model routed by a q/k head over H19 of the query and of the options."""
@@ -196,6 +215,11 @@ class ContextualMolStrategy(_RoutedStrategy, _SharedKvStrategy):
     """Measured decision time. The routing pass still runs on the serving GPUs as the mechanism
     implies (it is never free); the decision takes at least this long. In the analytical
     comparisons it replaces the derived time."""
+
+    def sim_fields(self, adapter_names: list[str]) -> dict:
+        return {**super().sim_fields(adapter_names),
+                "num_option_description_tokens": self.num_option_description_tokens,
+                "num_head_params": self.num_head_params}
 
 
 class Mol2Strategy(_RoutedStrategy, _SharedKvStrategy):
@@ -213,6 +237,10 @@ class Mol2Strategy(_RoutedStrategy, _SharedKvStrategy):
     GPU time inside the answer's prefill step is at least this. In the analytical comparisons
     it replaces the derived time."""
 
+    def sim_fields(self, adapter_names: list[str]) -> dict:
+        return {**super().sim_fields(adapter_names), "routing": self.routing,
+                "num_head_params": self.num_head_params}
+
 
 class MultiAgentStrategy(_AdapterStrategy):
     """One full model copy per domain; history handed over as text and prefilled again."""
@@ -221,6 +249,10 @@ class MultiAgentStrategy(_AdapterStrategy):
     """Strategy discriminator."""
     num_handover_tokens: int | None = Field(default=None, ge=1, le=10_000_000)
     """Text handed to the next agent; None hands over the whole history."""
+
+    def sim_fields(self, adapter_names: list[str]) -> dict:
+        return {**super().sim_fields(adapter_names),
+                "num_handover_tokens": self.num_handover_tokens}
 
 
 StrategyConfig = Annotated[

@@ -75,13 +75,13 @@ model, or CED adapters that break the rule): a switch re-prefills under the targ
 adapter's prefix cache still holds the context. per_model: one full model per domain."""
 
 
-def kv_layout(arch: ModelArch, kind: str, placements: list[list[tuple[int, str]]]) -> KvLayout:
-    """The KV layout a strategy's adapters imply, from where they sit (not from its name).
+def kv_layout_of_placements(arch: ModelArch,
+                            placements: list[list[tuple[int, str]]]) -> KvLayout:
+    """The KV layout adapters imply from where they sit (a strategy may override it:
+    `sim.strategies.registry.kv_layout`).
 
     `placements` holds each adapter's (layer, module) pairs, already resolved.
     """
-    if kind == "multi_agent":
-        return "per_model"
     if not any(placements):
         return "one_copy"
     if arch.ced is not None and all(is_allowed_under_shared_kv(arch, layer, module)

@@ -25,10 +25,10 @@ from sim.engine.cluster import Router
 from sim.engine.replica import Replica
 from sim.engine.sequence import PRIVATE_STREAM, Sequence
 from sim.metrics import MetricsRecorder, TurnRecord
+from sim.strategies.registry import get_strategy
 from sim.workload.generate import Workload
 
 SHARED_NAMESPACE = -1
-ROUTING_KINDS = ("mol", "contextual_mol", "mol2")
 ROUTING_HOPS = ("route", "routing_prefill")
 ROUTE, ANSWER, SUMMARY, DONE = range(4)
 MISROUTE_STREAM = 0x6D6973
@@ -88,13 +88,16 @@ class TurnDriver:
         self.router_pool = router_pool
         """Replicas that run only routing passes; None: the turn's own replica runs them."""
         self.strategy = config.strategy
+        self.kind = get_strategy(config.strategy.kind)
+        """The strategy object: what a turn's hops are."""
+        self._num_groups = self.kind.num_replica_groups(config.strategy)
         self.num_domains = config.strategy.num_domains
         self.disaggregation = disaggregation
         self._num_seqs = 0
         self._is_multi_turn = bool((workload.conv_num_turns > 1).any())
         ced = config.arch.ced
         self.routing_last_layer = ced.routing_layer + 1 if ced else config.arch.num_layers
-        self._is_routing = self.strategy.kind in ROUTING_KINDS
+        self._is_routing = self.kind.is_routing
         self._misroute_offset = self._draw_misroutes(config, workload.num_turns)
         self._reencode_tokens = ced.sliding_window_tokens \
             if ced and config.engine.ced_encoder_window == "recompute" else 0
@@ -165,7 +168,7 @@ class TurnDriver:
 
     def _start_turn(self, conv: ConversationState) -> None:
         """The conversation's next turn arrives now: pick its replica and run its first hop."""
-        wl, s = self.workload, self.strategy
+        wl = self.workload
         conv.turn = turn = conv.first_turn if conv.turn < 0 else conv.turn + 1
         domain = int(wl.turn_domain[turn]) % self.num_domains
         is_routed = self._is_routing and not (wl.turn_is_named is not None
@@ -175,7 +178,7 @@ class TurnDriver:
             served = (domain + int(self._misroute_offset[turn])) % self.num_domains
         adapter = self._adapter_of(served)
         is_switch = conv.prev_adapter is not None and conv.prev_adapter != served
-        group = served if s.kind == "multi_agent" else 0
+        group = served if self._num_groups > 1 else 0
         replica = self.router.choose(group, adapter, conv.last_replica)
         num_user = int(wl.turn_user_tokens[turn])
         rec = TurnRecord(conv_id=conv.conv_id, turn_index=turn - conv.first_turn, domain=domain,
@@ -199,8 +202,8 @@ class TurnDriver:
                 elapsed = self.env.now - t.rec.arrival_s
                 # In the engine the head rides the answer's prefill, where its measured time
                 # is priced as GPU work (`sim.simulate.in_engine_decision_floor_s`).
-                in_engine = s.kind == "mol2" and s.routing == "in_engine"
-                if measured is not None and measured > elapsed and not in_engine:
+                if measured is not None and measured > elapsed \
+                        and not self.kind.head_rides_answer(s):
                     self._after(measured - elapsed, self._advance, t)
                     return
             if t.is_routed:
@@ -211,11 +214,12 @@ class TurnDriver:
         if t.stage == SUMMARY:
             t.stage = DONE
             t.rec.on_answer(t.answer)
-            if s.kind == "mol" and t.adapter != s.router_adapter_index and s.max_summary_tokens:
+            num_summary = self.kind.summary_tokens(s, t.adapter)
+            if num_summary:
                 num_prompt = t.answer.num_prompt_tokens + t.num_reply_tokens
                 self._run(t, dict(
                     hop="summary", adapter=t.adapter, kv_namespace=self._namespace(t.adapter),
-                    num_prompt_tokens=num_prompt, num_output_tokens=s.max_summary_tokens,
+                    num_prompt_tokens=num_prompt, num_output_tokens=num_summary,
                     stream_id=t.conv.conv_id, num_stream_prompt_tokens=num_prompt))
                 return
         self._end_turn(t)
@@ -229,18 +233,14 @@ class TurnDriver:
         fields = dict(hop="answer", adapter=t.adapter, kv_namespace=namespace,
                       num_prompt_tokens=num_prompt, num_output_tokens=t.num_reply_tokens,
                       stream_id=stream, num_stream_prompt_tokens=num_prompt,
-                      is_output_in_stream=True, is_decode_adapted=s.kind != "preft")
+                      is_output_in_stream=True, is_decode_adapted=self.kind.is_decode_adapted)
         if wl.turn_hash_ids is not None:
             fields.update(hash_ids=wl.turn_hash_ids[conv.turn],
                           hash_block_tokens=wl.hash_block_tokens, is_output_in_stream=False)
-        if s.kind == "multi_agent" and t.is_switch and s.num_handover_tokens is not None:
-            handover = min(conv.num_context_tokens, s.num_handover_tokens)
-            fields.update(num_prompt_tokens=handover + t.num_user_tokens,
-                          stream_id=PRIVATE_STREAM, num_stream_prompt_tokens=0,
-                          is_output_in_stream=False)
+        fields.update(self.kind.answer_fields(
+            s, is_routed=t.is_routed, is_switch=t.is_switch,
+            num_context_tokens=conv.num_context_tokens, num_user_tokens=t.num_user_tokens))
         fields.update(self._window_fields(t, t.adapter))
-        if t.is_routed and s.kind == "mol2" and s.routing == "in_engine":
-            fields.update(num_routing_decisions=1)  # the head rides the answer's prefill
         return fields
 
     def _route(self, t: Turn) -> bool:
@@ -254,29 +254,14 @@ class TurnDriver:
         num_prompt = conv.num_context_tokens + t.num_user_tokens
         if not t.is_routed:
             return False
+        hop = self.kind.route_hop(s, num_prompt, self.routing_last_layer)
+        if hop is None:
+            return False
+        adapter = hop["adapter"]
         stream = dict(stream_id=conv.conv_id if self._is_multi_turn else PRIVATE_STREAM,
                       num_stream_prompt_tokens=num_prompt)
-        if s.kind == "mol":
-            router = s.router_adapter_index
-            # The route KV and L0's window are rolled back after the decision.
-            self._run(t, dict(
-                hop="route", adapter=router, kv_namespace=self._namespace(router),
-                num_prompt_tokens=num_prompt + s.num_route_prompt_tokens,
-                num_output_tokens=s.num_route_decode_tokens, **stream,
-                **self._window_fields(t, router, keeps_window=False)))
-        elif s.kind == "contextual_mol":  # the query, then every option, in one encoder pass
-            options = s.num_domains * s.num_option_description_tokens
-            self._run(t, dict(
-                hop="route", adapter=-1, kv_namespace=SHARED_NAMESPACE,
-                num_prompt_tokens=num_prompt + options, num_output_tokens=0, **stream,
-                last_layer=self.routing_last_layer, num_routing_decisions=1))
-        elif s.routing == "outside_engine":  # a second request, only to expose H19
-            self._run(t, dict(
-                hop="routing_prefill", adapter=-1, kv_namespace=SHARED_NAMESPACE,
-                num_prompt_tokens=num_prompt, num_output_tokens=0, **stream,
-                last_layer=self.routing_last_layer, num_routing_decisions=1))
-        else:
-            return False
+        self._run(t, dict(hop, kv_namespace=self._namespace(adapter), **stream,
+                          **self._window_fields(t, adapter, keeps_window=False)))
         return True
 
     def new_seq(self, fields: dict, owner, on_done) -> Sequence:

@@ -216,7 +216,8 @@ def test_llama_8b_mol_conversation_by_hand():
 # ---- KV layout follows where the adapters sit ---------------------------------------------
 
 def test_kv_layout_follows_placement_not_strategy_kind():
-    from sim.strategies.placement import adapter_placements, kv_layout
+    from sim.strategies.placement import adapter_placements
+    from sim.strategies.registry import kv_layout
     ced, llama = get_model("ced-40"), get_model("llama-3.1-8b")
     decoder_side = adapter_placements(ced, None, ("q_proj", "v_proj"))
     on_encoder = adapter_placements(ced, (5, 30), ("q_proj",))

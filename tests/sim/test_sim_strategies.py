@@ -87,7 +87,8 @@ def test_decoder_side_adapters_on_ced_share_kv_whatever_the_strategy_name(kind):
 @pytest.mark.parametrize("kind", ("multi_lora", "mol2"))
 def test_ced_adapters_on_the_encoder_get_per_adapter_kv_and_re_prefill(kind):
     from sim.hardware.catalogue import get_model
-    from sim.strategies.placement import adapter_placements, kv_layout
+    from sim.strategies.placement import adapter_placements
+    from sim.strategies.registry import kv_layout
     arch = get_model("ced-40")
     pairs = adapter_placements(arch, tuple(range(arch.num_layers)), ("q_proj", "v_proj"))
     fields = dict(adapter_placements=tuple(pairs), kv_layout=kv_layout(arch, kind, [pairs]))

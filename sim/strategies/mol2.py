@@ -1,0 +1,29 @@
+"""`mol2`: a pointer head over the routing layer's states picks the adapter: inside the engine
+(the head rides the answer's prefill) or outside it (a prefill-only request exposes the states
+first)."""
+
+from __future__ import annotations
+
+from sim.strategies.strategy import Strategy
+
+
+class Mol2(Strategy):
+    kind = "mol2"
+    is_routing = True
+
+    def head_rides_answer(self, spec) -> bool:
+        return spec.routing == "in_engine"
+
+    def route_hop(self, spec, num_prompt_tokens: int, routing_last_layer: int) -> dict | None:
+        if self.head_rides_answer(spec):
+            return None
+        # A second request, only to expose the routing layer's states.
+        return dict(hop="routing_prefill", adapter=-1, num_prompt_tokens=num_prompt_tokens,
+                    num_output_tokens=0, last_layer=routing_last_layer,
+                    num_routing_decisions=1)
+
+    def answer_fields(self, spec, *, is_routed: bool, is_switch: bool,
+                      num_context_tokens: int, num_user_tokens: int) -> dict:
+        if is_routed and self.head_rides_answer(spec):
+            return dict(num_routing_decisions=1)  # the head rides the answer's prefill
+        return {}

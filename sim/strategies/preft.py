@@ -1,0 +1,11 @@
+"""`preft`: prefill-only adapters (LoRA_P, DiReFT_P): the prompt runs through the adapter, decode
+tokens through the base weights."""
+
+from __future__ import annotations
+
+from sim.strategies.strategy import Strategy
+
+
+class PreFT(Strategy):
+    kind = "preft"
+    is_decode_adapted = False

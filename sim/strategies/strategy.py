@@ -1,0 +1,60 @@
+"""What every serving strategy answers (the registry is `sim.strategies.registry`).
+
+A strategy object is stateless: the simulator asks it, passing the `StrategySpec` numbers, what
+a turn's hops are (a routing pass, the answer's extra fields, a summary), how its adapters are
+priced and laid out in KV, how turns are spread over replicas, and what a decision costs. The
+simulator never compares kind strings; adding a strategy is one module with a subclass and one
+line in `sim.strategies.registry`.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from sim.hardware.specs import ModelArch
+from sim.strategies.placement import KvLayout, kv_layout_of_placements
+
+
+class Strategy:
+    """The base-model behaviour; every method is a hook a strategy may override."""
+
+    kind: ClassVar[str] = ""
+    is_routing: ClassVar[bool] = False
+    """A router decides each turn's adapter (unless the client names it)."""
+    is_decode_adapted: ClassVar[bool] = True
+    """Decode tokens run through the adapter (False: prefill-only adapters, PreFT)."""
+    uses_adapters: ClassVar[bool] = True
+    """Adapters are priced and loaded (False: base model, one full model per agent)."""
+    is_model_per_domain: ClassVar[bool] = False
+    """Each domain is served by a model of its own, on replicas of its own (multi-agent)."""
+
+    def kv_layout(self, arch: ModelArch, placements: list[list[tuple[int, str]]]) -> KvLayout:
+        """Where KV lives given each adapter's (layer, module) placements."""
+        return kv_layout_of_placements(arch, placements)
+
+    def num_replica_groups(self, spec) -> int:
+        """Groups of replicas turns are routed within (one per domain's model, or one)."""
+        return spec.num_domains if self.is_model_per_domain else 1
+
+    def route_hop(self, spec, num_prompt_tokens: int, routing_last_layer: int) -> dict | None:
+        """Fields of the routing pass a routed turn runs before its answer, or None. The caller
+        adds the KV namespace, the stream fields and the window replay (a routing pass's local
+        KV is rolled back after the decision)."""
+        return None
+
+    def answer_fields(self, spec, *, is_routed: bool, is_switch: bool,
+                      num_context_tokens: int, num_user_tokens: int) -> dict:
+        """Fields this strategy changes on a turn's answer hop."""
+        return {}
+
+    def summary_tokens(self, spec, adapter: int) -> int:
+        """Tokens of a summary hop after an answer by `adapter` (0: none)."""
+        return 0
+
+    def head_rides_answer(self, spec) -> bool:
+        """The routing decision is made inside the answer's prefill step (no pass of its own)."""
+        return False
+
+    def extra_sequence_tokens(self, spec) -> int:
+        """Tokens a routing or summary hop adds to the longest sequence of a turn."""
+        return 0
