@@ -82,6 +82,38 @@ class DecodeGroup:
         heappush(self._finish_heap, (base + seq.num_output_tokens, order, info.token, seq))
         self._push_block_tick(seq, info)
 
+    def join_all(self, seqs: list[Sequence], orders: list[int]) -> None:
+        """`join` each of `seqs` (with its running order), in that order. Into an empty group
+        (after a dissolve, the whole batch) they are laid out at once and the heaps rebuilt,
+        rather than inserted one by one; the entries, and so what the heaps give, are the
+        same."""
+        if self.members or len(seqs) < 2:
+            for seq, order in zip(seqs, orders, strict=True):
+                self.join(seq, order)
+            return
+        tick, info = self.tick, self._info
+        share_start = self._share_base + len(self._shares)
+        adapters = self.adapters
+        joined = []
+        for seq, order in zip(seqs, orders, strict=True):
+            self._num_tokens += 1
+            member = info[seq] = _Member(tick - seq.num_generated_tokens, order, share_start,
+                                         self._num_tokens)
+            joined.append((order, seq, member))
+            if seq.is_decode_adapted and seq.adapter >= 0:
+                adapters[seq.adapter] = adapters.get(seq.adapter, 0) + 1
+                self.num_adapted += 1
+        joined.sort(key=lambda entry: entry[0])
+        self.members[:] = [seq for _, seq, _ in joined]
+        self.orders[:] = [order for order, _, _ in joined]
+        self.context_offsets[:] = [seq.num_computed_tokens - tick for _, seq, _ in joined]
+        self._offsets_array = None
+        self._finish_heap += [(m.base + seq.num_output_tokens, order, m.token, seq)
+                              for order, seq, m in joined]
+        heapify(self._finish_heap)
+        self._block_heap += [self._block_entry(seq, m) for _, seq, m in joined]
+        heapify(self._block_heap)
+
     def _block_entry(self, seq: Sequence, info: _Member) -> tuple[int, int, int, Sequence]:
         # Computed tokens prompt - 1 + tick - base exceed the blocks held from this tick on.
         tick = seq.num_blocks * self.block_size - seq.num_prompt_tokens + 2 + info.base
@@ -212,8 +244,24 @@ class DecodeGroup:
             del self._shares[:]
 
     def dissolve(self) -> None:
-        """Every member back to plain state (the engine walks the batch itself this step)."""
-        for seq in list(self.members):
-            self.leave(seq)
+        """Every member back to plain state (the engine walks the batch itself this step):
+        `leave` for all at once."""
+        tick, info, shares, share_base = self.tick, self._info, self._shares, self._share_base
+        for seq in self.members:
+            member = info[seq]
+            generated = min(seq.num_output_tokens, tick - member.base)
+            seq.num_generated_tokens = generated
+            seq.num_computed_tokens = seq.num_prompt_tokens - 1 + generated
+            seq.busy_decode_s = reduce(add, shares[member.share_start - share_base:],
+                                       seq.busy_decode_s)
+        info.clear()
+        self.members.clear()
+        self.orders.clear()
+        self.context_offsets.clear()
+        self._offsets_array = None
+        self.adapters.clear()
+        self.num_adapted = 0
+        self._share_base += len(shares)
+        del shares[:]
         self._block_heap.clear()
         self._finish_heap.clear()

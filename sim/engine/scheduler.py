@@ -325,8 +325,7 @@ class Engine:
             else:
                 joining.append(seq)
         self.kv.allocate(unallocated)
-        for seq in joining:
-            self.group.join(seq, self._orders[seq])
+        self.group.join_all(joining, [self._orders[seq] for seq in joining])
         for seq in finished:
             self._finish(seq, now)
         if self.check_invariants:

@@ -160,3 +160,38 @@ def test_prompt_chunk_prices_are_cached_by_all_they_depend_on(field, num_chunks,
             np.array([profile.num_layers if s.last_layer < 0 else s.last_layer for s in seqs]),
         ).sum())
         assert pricers[0]._other_attention_total_s(plan) == together
+
+
+def _group_state(group: DecodeGroup, ticks: int) -> list:
+    """The group's layout, then what advancing it tick by tick gives (blocks, finishes)."""
+    state = [list(group.members), list(group.orders), list(group.context_offsets),
+             dict(group.adapters), group.num_adapted]
+    for _ in range(ticks):
+        added, done = group.advance(1)
+        state.append((added, [s.seq_id for s in done]))
+        for seq in done:
+            group.leave(seq)
+    return state
+
+
+def test_joining_a_batch_at_once_lays_it_out_as_joining_one_by_one():
+    # After a dissolve the whole batch joins an empty group at once (join_all), in plan order
+    # rather than running order: the layout and the heaps must be those of one-by-one joins.
+    states = []
+    for at_once in (False, True):
+        rng = np.random.default_rng(4)
+        seqs = _sequences(rng, 40, 200)
+        for seq in seqs:
+            seq.num_blocks = -(-seq.num_prompt_tokens // 16)
+            seq.num_computed_tokens = seq.num_prompt_tokens
+            seq.num_generated_tokens = 1
+        orders = [int(o) for o in rng.permutation(1000)[:40]]
+        group = DecodeGroup(block_size=16, tokens_per_step=1)
+        if at_once:
+            group.join_all(seqs, orders)
+        else:
+            for seq, order in zip(seqs, orders, strict=True):
+                group.join(seq, order)
+        states.append(_group_state(group, 60))
+    ids = [[s.seq_id for s in state[0]] for state in states]
+    assert ids[0] == ids[1] and states[0][1:] == states[1][1:]
