@@ -64,7 +64,7 @@ class Replica:
         self.engine.add(seq)
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
-        elif self._run is not None:
+        elif self._run is not None and self.engine.can_start_during_run(seq):
             self._cut_run()
 
     def _loop(self):
@@ -154,7 +154,7 @@ def _attribute(plan, elapsed_s: float, num_decode_tokens: int) -> None:
 
 
 def _stuck_message(engine: Engine) -> str:
-    seq = engine.waiting[0]
+    seq = engine.waiting.first()
     return (f"sequence {seq.seq_id} ({seq.hop}, {seq.num_tokens} tokens) can never be scheduled: "
             f"KV pool has {engine.kv.num_blocks} blocks of {engine.block_size} tokens, "
             f"max_num_batched_tokens={engine.limits.max_num_batched_tokens}, chunked prefill "

@@ -13,7 +13,7 @@ the batch.
 
 from __future__ import annotations
 
-from collections import deque
+from heapq import heappop, heapreplace
 
 import numpy as np
 
@@ -21,7 +21,8 @@ from sim.config import EngineLimits
 from sim.engine.decode_group import DecodeGroup
 from sim.engine.sequence import Sequence
 from sim.engine.step_plan import StepPlan
-from sim.memory.adapter_slots import AdapterSlots
+from sim.engine.waiting import WaitingQueue
+from sim.memory.adapter_slots import NO_ADAPTER, AdapterSlots
 from sim.memory.kv_blocks import KvBlockManager
 
 
@@ -40,13 +41,16 @@ class Engine:
         self.kv = KvBlockManager(num_kv_blocks, limits.block_size, limits.enable_prefix_caching)
         self.slots = AdapterSlots(limits.max_loras, limits.max_cpu_loras, adapter_load_s)
         self.running: list[Sequence] = []
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = WaitingQueue()
         self.num_tokens_per_decode_step = limits.num_tokens_per_decode_step
         self.num_decode_compute_tokens = 1 + limits.num_speculative_tokens
         self.num_preemptions = 0
         self.group = DecodeGroup(limits.block_size, self.num_tokens_per_decode_step)
         self._orders: dict[Sequence, int] = {}  # running sequence -> admission count
         self._num_admissions = 0
+        # Why the last `_admit` stopped: "limits" (budget, max_num_seqs), "waiter" (one did
+        # not fit), None (no waiter left it could start).
+        self._stop: str | None = None
 
     @property
     def num_outstanding(self) -> int:
@@ -183,18 +187,49 @@ class Engine:
             0, (seq.num_tokens - 1) // self.block_size, self.block_size, self.kv))
 
     def _admit(self, plan: StepPlan, budget: int, now: float) -> None:
-        skipped: list[Sequence] = []
-        while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
-            seq = self.waiting[0]
-            if not self.slots.can_activate(seq.adapter):
-                skipped.append(self.waiting.popleft())
-                continue
+        """Waiting sequences in FCFS order while the budget, max_num_seqs, KV blocks and slots
+        allow. Until every slot is pinned any adapter can start, so the queue's head is next;
+        from then on the pinned set is fixed for this step and waiters of other adapters are
+        skipped (as vLLM skips them): the next is the first waiter of a pinned adapter."""
+        waiting, slots, running = self.waiting, self.slots, self.running
+        heads = None  # once every slot is pinned: (key, adapter) of each one's first waiter
+        self._stop = None
+        while waiting:
+            if budget <= 0 or len(running) >= self.limits.max_num_seqs:
+                self._stop = "limits"
+                return
+            if heads is None and slots.is_saturated:
+                heads = waiting.heads(slots.pinned, NO_ADAPTER)
+            if heads is None:
+                seq = waiting.first()
+            elif heads:
+                seq = waiting.first_of(heads[0][1])
+            else:
+                return
             cost = self._try_admit(seq, plan, budget, now)
             if cost == 0:
-                break
-            self.waiting.popleft()
+                self._stop = "waiter"
+                return
             budget -= cost
-        self.waiting.extendleft(reversed(skipped))
+            if heads is None:
+                waiting.popleft()
+            elif (next_key := waiting.remove_first_of(seq.adapter)) is None:
+                heappop(heads)
+            else:
+                heapreplace(heads, (next_key, seq.adapter))
+
+    def can_start_during_run(self, seq: Sequence) -> bool:
+        """Whether `seq`, queued last while the pure-decode plan last scheduled repeats, could
+        start before the run ends (else the run need not be cut). A run keeps the running
+        sequences, pinned adapters and token budget and only takes KV blocks, so `seq` cannot
+        start when the budget or max_num_seqs stopped admission, when its adapter is skipped,
+        or behind a waiter that did not fit and still does not (without prefix caching the
+        blocks it needs are fixed)."""
+        if self._stop == "limits" or (self._stop == "waiter"
+                                      and not self.kv.enable_prefix_caching):
+            return False
+        slots = self.slots
+        return not slots.is_saturated or seq.adapter == NO_ADAPTER or seq.adapter in slots.pinned
 
     def _try_admit(self, seq: Sequence, plan: StepPlan, budget: int, now: float) -> int:
         """Admit `seq` into this step if everything it needs is free; its token cost, or 0."""

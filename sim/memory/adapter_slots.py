@@ -8,6 +8,7 @@ from the CPU cache (max_cpu_loras, LRU) counts as a cold load.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Collection
 
 NO_ADAPTER = -1
 
@@ -21,6 +22,8 @@ class AdapterSlots:
         self._load_s = load_s
         self._gpu: OrderedDict[int, int] = OrderedDict()  # adapter -> sequences pinning it
         self._cpu: OrderedDict[int, None] = OrderedDict()
+        self.num_pinned = 0
+        """Adapters pinned by at least one sequence."""
         self.num_loads = 0
         self.num_cold_loads = 0
 
@@ -33,20 +36,33 @@ class AdapterSlots:
         """Whether `adapter` already sits in a GPU slot."""
         return adapter in self._gpu
 
+    @property
+    def is_saturated(self) -> bool:
+        """Every slot is pinned: only sequences of `pinned` adapters (or none) can start."""
+        return self.num_pinned >= self.max_loras
+
+    @property
+    def pinned(self) -> Collection[int]:
+        """The pinned adapters, when `is_saturated` (then every resident one is pinned)."""
+        return self._gpu.keys()
+
     def can_activate(self, adapter: int) -> bool:
-        """Whether a sequence using `adapter` could start now."""
-        if adapter == NO_ADAPTER or adapter in self._gpu or len(self._gpu) < self.max_loras:
-            return True
-        return any(pins == 0 for pins in self._gpu.values())
+        """Whether a sequence using `adapter` could start now: a slot is free or holds an
+        unpinned adapter, or `adapter` is resident."""
+        return adapter == NO_ADAPTER or self.num_pinned < self.max_loras or adapter in self._gpu
 
     def activate(self, adapter: int) -> float:
         """Pin `adapter` for one sequence; seconds of loading it (0 when resident)."""
         if adapter == NO_ADAPTER:
             return 0.0
-        if adapter in self._gpu:
-            self._gpu[adapter] += 1
+        pins = self._gpu.get(adapter)
+        if pins is not None:
+            self._gpu[adapter] = pins + 1
             self._gpu.move_to_end(adapter)
+            if not pins:
+                self.num_pinned += 1
             return 0.0
+        self.num_pinned += 1
         if len(self._gpu) >= self.max_loras:
             victim = next(a for a, pins in self._gpu.items() if pins == 0)
             del self._gpu[victim]
@@ -63,4 +79,6 @@ class AdapterSlots:
     def release(self, adapter: int) -> None:
         """Unpin `adapter` for one sequence (it stays resident until evicted)."""
         if adapter != NO_ADAPTER:
-            self._gpu[adapter] -= 1
+            pins = self._gpu[adapter] = self._gpu[adapter] - 1
+            if not pins:
+                self.num_pinned -= 1

@@ -2,17 +2,19 @@
 for every strategy, on workloads that exercise arrivals mid-run, preemption and switches."""
 
 import numpy as np
+import pandas as pd
 import pytest
 from sim_configs import small_config
 
 from sim.config import ClusterSpec, DisaggregationSpec
 from sim.cost.cost_model import attention_s_per_item, create_step_batch, predict_step
 from sim.engine import step_pricer
+from sim.engine.scheduler import Engine
 from sim.engine.sequence import Sequence
 from sim.engine.step_plan import StepPlan
 from sim.engine.step_pricer import StepPricer
 from sim.simulate import create_profile, simulate
-from sim.workload.generate import conversation_workload, punica_workload
+from sim.workload.generate import conversation_workload, punica_workload, single_turn_workload
 
 STRATEGIES = ("base", "multi_lora", "preft", "mol", "contextual_mol", "mol2", "multi_agent")
 METRICS = ("first_scheduled_s", "first_token_s", "finish_s")
@@ -191,3 +193,70 @@ def test_fast_equals_reference_on_mooncake_hash_ids_with_evictions():
     ref, fast = both_modes(config, workload)
     assert fast.requests["num_cached_tokens"].sum() > 0
     assert_same_requests(ref, fast)
+
+
+def many_adapter_requests(seed: int, num_requests: int, num_adapters: int, rate_per_s: float):
+    """Single requests over many adapters (skewed, as per-adapter rates in tiers are), with
+    lognormal prompts and outputs, arriving faster than one replica serves them."""
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, num_adapters + 1)
+    adapters = rng.choice(num_adapters, size=num_requests, p=weights / weights.sum())
+    prompts = np.clip(np.rint(200 * np.exp(0.8 * rng.standard_normal(num_requests))), 1, 2000)
+    outputs = np.clip(np.rint(60 * np.exp(0.8 * rng.standard_normal(num_requests))), 1, 500)
+    arrivals = np.cumsum(rng.exponential(1 / rate_per_s, size=num_requests))
+    return single_turn_workload(arrivals, prompts, outputs, adapters)
+
+
+@pytest.mark.parametrize(("num_adapters", "max_loras", "max_cpu_loras", "num_kv_blocks"), [
+    (64, 4, 64, None),  # many adapters over few slots, queue saturated
+    (48, 8, 12, None),  # CPU cache smaller than the adapters: cold loads
+    (200, 16, 32, 400),  # and a KV pool small enough to preempt
+])
+def test_fast_equals_reference_with_many_adapters_over_few_slots(num_adapters, max_loras,
+                                                                  max_cpu_loras, num_kv_blocks):
+    config = small_config("multi_lora", max_num_seqs=32, num_adapters=num_adapters,
+                          max_loras=max_loras, max_cpu_loras=max_cpu_loras,
+                          num_kv_blocks=num_kv_blocks)
+    workload = many_adapter_requests(num_adapters, 400, num_adapters, rate_per_s=300.0)
+    ref, fast = both_modes(config, workload)
+    assert_same_requests(ref, fast)
+    started = fast.requests.sort_values("submit_s")["first_scheduled_s"].to_numpy()
+    assert (np.diff(started) < 0).any()  # a waiter whose adapter found no slot was passed over
+    assert fast.timeseries["num_waiting"].max() > 50
+    if num_kv_blocks is not None:
+        assert fast.summary["num_preemptions"] > 0
+
+
+def _walk_admit(self, plan, budget, now):
+    """Admission as a walk of the whole waiting queue asking the slots about each waiter (the
+    O(queue x slots) way the indexed admission replaces): the specification it must equal."""
+    skipped = []
+    while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
+        seq = self.waiting.popleft()
+        if not self.slots.can_activate(seq.adapter):
+            skipped.append(seq)
+            continue
+        cost = self._try_admit(seq, plan, budget, now)
+        if cost == 0:
+            skipped.append(seq)
+            break
+        budget -= cost
+    for seq in reversed(skipped):
+        self.waiting.appendleft(seq)
+
+
+@pytest.mark.parametrize("mode", ("reference", "fast"))
+def test_indexed_admission_equals_walking_the_queue(monkeypatch, mode):
+    config = small_config("multi_lora", max_num_seqs=24, num_adapters=96, max_loras=6,
+                          max_cpu_loras=20, num_kv_blocks=300, mode=mode)
+    workload = many_adapter_requests(5, 300, 96, rate_per_s=200.0)
+    indexed = simulate(config, workload)
+    monkeypatch.setattr(Engine, "_admit", _walk_admit)
+    monkeypatch.setattr(Engine, "can_start_during_run", lambda self, seq: True)  # cut always
+    walked = simulate(config, workload)
+    assert indexed.summary["num_preemptions"] > 0
+    if mode == "reference":  # the same steps: bitwise the same
+        pd.testing.assert_frame_equal(indexed.requests, walked.requests, check_exact=True)
+    else:  # every arrival cuts a decode run there, here only one that could start
+        assert_same_requests(walked, indexed)
+        assert indexed.stats["num_engine_events"] < walked.stats["num_engine_events"]
