@@ -15,10 +15,11 @@ import pandas as pd
 
 from planner.scenario.pricing import StrategyCosting, create_strategy_costing
 from planner.scenario.schema import Scenario
-from sim.cost.cost_model import create_step_batch, predict_step, routing_decision_s
+from sim.cost.cost_model import create_step_batch, predict_step
 from sim.cost.memory_model import conversation_kv
 from sim.cost.phase_costs import decode_run_s, decode_step, prefill_s
 from sim.strategies.registry import get_strategy
+from sim.strategies.strategy import TurnPricing
 
 GIB = 2**30
 
@@ -44,26 +45,12 @@ def decision_time_s(scenario: Scenario, strategy, costing: StrategyCosting,
     measured = getattr(strategy, "measured_decision_time_s", None)
     if measured is not None:
         return measured
-    c, p = costing.coeffs, costing.profile
-    chunk = scenario.engine.max_num_batched_tokens
-    if strategy.kind == "mol":  # L0 prefills the route prompt, then decodes label and reason
-        route = prefill_s(c, p, strategy.num_route_prompt_tokens, max_chunk_tokens=chunk)
-        return route + decode_run_s(c, p, num_tokens=strategy.num_route_decode_tokens,
-                                    num_context_tokens=strategy.num_route_prompt_tokens)
-    routing_layers = (costing.arch.ced.routing_layer + 1) if costing.arch.ced else p.num_layers
-    if strategy.kind == "contextual_mol":  # encoder pass over query + every option description
-        options = _num_options(strategy) * strategy.num_option_description_tokens
-        return prefill_s(c, p, scenario.analysis.num_query_tokens + options,
-                         num_context_tokens=num_context_tokens, max_chunk_tokens=chunk,
-                         is_adapted=False, last_layer=routing_layers, num_routing_decisions=1)
-    if strategy.kind == "mol2":
-        head = routing_decision_s(c, p, 1)
-        if strategy.routing == "in_engine":
-            return head  # H19 comes from the normal prefill; only the head runs
-        # A second request prefills the context only to expose H19.
-        return head + prefill_s(c, p, num_context_tokens, max_chunk_tokens=chunk,
-                                is_adapted=False, last_layer=routing_layers)
-    return 0.0
+    p = costing.profile
+    pricing = TurnPricing(
+        costing.coeffs, p, scenario.engine.max_num_batched_tokens,
+        scenario.analysis.num_query_tokens,
+        (costing.arch.ced.routing_layer + 1) if costing.arch.ced else p.num_layers)
+    return get_strategy(strategy.kind).decision_s(strategy, pricing, num_context_tokens)
 
 
 def _replay_in_step_s(costing: StrategyCosting, num_query_tokens: int,

@@ -3,7 +3,8 @@ encoder pass up to the routing layer, then the chosen adapter answers."""
 
 from __future__ import annotations
 
-from sim.strategies.strategy import Strategy
+from sim.cost.phase_costs import prefill_s
+from sim.strategies.strategy import Strategy, TurnPricing
 
 
 class ContextualMol(Strategy):
@@ -18,3 +19,11 @@ class ContextualMol(Strategy):
 
     def extra_sequence_tokens(self, spec) -> int:
         return spec.num_domains * spec.num_option_description_tokens
+
+    def decision_s(self, spec, pricing: TurnPricing, num_context_tokens: int) -> float:
+        # One encoder pass over the query and every option's description.
+        options = len(spec.adapters) * spec.num_option_description_tokens
+        return prefill_s(pricing.coeffs, pricing.costs, pricing.num_query_tokens + options,
+                         num_context_tokens=num_context_tokens,
+                         max_chunk_tokens=pricing.max_chunk_tokens, is_adapted=False,
+                         last_layer=pricing.routing_last_layer, num_routing_decisions=1)

@@ -3,7 +3,8 @@ and reason; an answer by another adapter is followed by a summary hop under it."
 
 from __future__ import annotations
 
-from sim.strategies.strategy import Strategy
+from sim.cost.phase_costs import decode_run_s, prefill_s
+from sim.strategies.strategy import Strategy, TurnPricing
 
 
 class MixtureOfLoras(Strategy):
@@ -23,3 +24,11 @@ class MixtureOfLoras(Strategy):
     def extra_sequence_tokens(self, spec) -> int:
         return spec.num_route_prompt_tokens + spec.num_route_decode_tokens \
             + spec.max_summary_tokens
+
+    def decision_s(self, spec, pricing: TurnPricing, num_context_tokens: int) -> float:
+        # L0 prefills the route prompt, then decodes label and reason.
+        c, p = pricing.coeffs, pricing.costs
+        route = prefill_s(c, p, spec.num_route_prompt_tokens,
+                          max_chunk_tokens=pricing.max_chunk_tokens)
+        return route + decode_run_s(c, p, num_tokens=spec.num_route_decode_tokens,
+                                    num_context_tokens=spec.num_route_prompt_tokens)

@@ -4,7 +4,9 @@ first)."""
 
 from __future__ import annotations
 
-from sim.strategies.strategy import Strategy
+from sim.cost.cost_model import routing_decision_s
+from sim.cost.phase_costs import prefill_s
+from sim.strategies.strategy import Strategy, TurnPricing
 
 
 class Mol2(Strategy):
@@ -27,3 +29,12 @@ class Mol2(Strategy):
         if is_routed and self.head_rides_answer(spec):
             return dict(num_routing_decisions=1)  # the head rides the answer's prefill
         return {}
+
+    def decision_s(self, spec, pricing: TurnPricing, num_context_tokens: int) -> float:
+        c, p = pricing.coeffs, pricing.costs
+        head = routing_decision_s(c, p, 1)
+        if self.head_rides_answer(spec):
+            return head  # the routing layer's states come from the normal prefill
+        # A second request prefills the context only to expose the routing layer's states.
+        return head + prefill_s(c, p, num_context_tokens, max_chunk_tokens=pricing.max_chunk_tokens,
+                                is_adapted=False, last_layer=pricing.routing_last_layer)

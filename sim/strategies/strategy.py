@@ -9,10 +9,27 @@ line in `sim.strategies.registry`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
+from sim.cost.coeffs import CostCoeffs
+from sim.cost.layer_costs import LayerCosts
 from sim.hardware.specs import ModelArch
 from sim.strategies.placement import KvLayout, kv_layout_of_placements
+
+
+@dataclass(frozen=True)
+class TurnPricing:
+    """What the analytical cost of one turn's pieces is priced with."""
+
+    coeffs: CostCoeffs
+    costs: LayerCosts
+    max_chunk_tokens: int
+    """The engine's prefill chunk (max_num_batched_tokens)."""
+    num_query_tokens: int
+    """The user turn's tokens."""
+    routing_last_layer: int
+    """Layers a routing pass runs (through the routing layer; all of a decoder-only model)."""
 
 
 class Strategy:
@@ -58,3 +75,8 @@ class Strategy:
     def extra_sequence_tokens(self, spec) -> int:
         """Tokens a routing or summary hop adds to the longest sequence of a turn."""
         return 0
+
+    def decision_s(self, spec, pricing: TurnPricing, num_context_tokens: int) -> float:
+        """Seconds one routing decision takes by the mechanism, analytically (0: no router).
+        `spec` is the strategy's parameters (the scenario's or the simulator's: same names)."""
+        return 0.0
