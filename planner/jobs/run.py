@@ -122,6 +122,21 @@ def _plan_sections(plans: pd.DataFrame, trials: pd.DataFrame,
                                              confidence)] if not runner_ups.empty else [])]
 
 
+def _verify_sections(path: Path, name: str) -> list[ReportSection]:
+    """The section `molcap verify` wrote for this scenario (its default folder), if any: the
+    plan checked on a real engine, as the verify run recorded it."""
+    if not path.exists():
+        return []
+    from planner.outputs.verify_report import verify_section
+    from planner.verify.checks import VerifyResult
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if data.get("scenario") != name:
+        return []
+    return [verify_section(VerifyResult(name, data["strategies"], data.get("skipped", []),
+                                        data.get("failed", [])))]
+
+
 def _sim_sections(summary: pd.DataFrame, turns: pd.DataFrame,
                   timeseries: pd.DataFrame) -> list[ReportSection]:
     if summary.empty:
@@ -204,6 +219,7 @@ def run_scenario_file(
                  for note in notes]
                 + [ReportSection("Cost profile", PRICING_NOTE, [], [pricing])]
                 + _plan_sections(frames["plans"], frames["plan_trials"], scenario)
+                + _verify_sections(out_dir / "verify" / "verify.json", scenario.name)
                 + _sim_sections(frames["sim_summary"], frames["sim_turns"],
                                 frames["sim_timeseries"])
                 + _sections(comparisons))

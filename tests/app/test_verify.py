@@ -260,3 +260,17 @@ def test_the_slurm_and_ray_verify_jobs_run_verify_and_resume_its_points(verified
     assert status == 0
     assert [p.stat().st_mtime_ns for p in points] == stamps  # resumed: nothing re-measured
     assert json.loads((root / "verify" / "verify.json").read_text())["missed_slos"] == []
+
+
+def test_the_run_report_shows_the_verify_section_from_the_default_folder(verified):
+    import shutil
+
+    from planner.jobs.run import run_scenario_file
+
+    root, _ = verified
+    default = root / "out" / "tiny_verify" / "verify"  # where `molcap verify` writes by default
+    default.mkdir(exist_ok=True)
+    shutil.copy(root / "verify" / "verify.json", default / "verify.json")
+    run = run_scenario_file(root / "tiny.yaml", root / "out", backend="inline")  # points reused
+    report = run.report_path.read_text()
+    assert "Verified on a real engine" in report and "Interval (90%)" in report
