@@ -53,7 +53,15 @@ def test_unnamed_profile_on_cpu_uses_the_shipped_default_and_says_so(tmp_path):
     assert "cpu-vllm-tiny-llama" in line and "shipped default for cpu" in line
 
 
-def test_other_gpus_say_their_coefficients_are_assumed(tmp_path):
+def test_gpus_without_measurements_say_scaled_from_h100(tmp_path):
+    scenario = load_scenario(scenario_file(tmp_path, gpu="H100-SXM"))
+    source = resolve_pricing(scenario)
+    assert source.is_default and source.profile.hardware.gpu == "H100-SXM"
+    assert "scaled from H100 measurements" in pricing_sources(scenario)["multi_lora"]
+
+
+def test_a_gpu_kind_without_a_profile_says_its_coefficients_are_assumed(tmp_path, monkeypatch):
+    monkeypatch.delitem(DEFAULT_PROFILES, "H100-SXM")
     scenario = load_scenario(scenario_file(tmp_path, gpu="H100-SXM"))
     assert resolve_pricing(scenario).profile is None
     assert "assumed" in pricing_sources(scenario)["multi_lora"]
