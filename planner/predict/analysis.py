@@ -45,12 +45,16 @@ def decision_time_s(scenario: Scenario, strategy, costing: StrategyCosting,
     measured = getattr(strategy, "measured_decision_time_s", None)
     if measured is not None:
         return measured
+    return get_strategy(strategy.kind).decision_s(strategy, _turn_pricing(scenario, costing),
+                                                  num_context_tokens)
+
+
+def _turn_pricing(scenario: Scenario, costing: StrategyCosting) -> TurnPricing:
     p = costing.profile
-    pricing = TurnPricing(
-        costing.coeffs, p, scenario.engine.max_num_batched_tokens,
-        scenario.analysis.num_query_tokens,
-        (costing.arch.ced.routing_layer + 1) if costing.arch.ced else p.num_layers)
-    return get_strategy(strategy.kind).decision_s(strategy, pricing, num_context_tokens)
+    return TurnPricing(costing.coeffs, p, scenario.engine.max_num_batched_tokens,
+                       scenario.analysis.num_query_tokens,
+                       (costing.arch.ced.routing_layer + 1) if costing.arch.ced
+                       else p.num_layers)
 
 
 def _replay_in_step_s(costing: StrategyCosting, num_query_tokens: int,
@@ -81,25 +85,15 @@ def switch_cost_s(scenario: Scenario, strategy, costing: StrategyCosting,
     c, p = costing.coeffs, costing.profile
     chunk = scenario.engine.max_num_batched_tokens
     query = scenario.analysis.num_query_tokens
-    if strategy.kind == "base":
-        return math.nan, "none (no adapters)"
-    if strategy.kind == "multi_agent":
-        tokens = strategy.num_handover_tokens or num_context_tokens
-        return prefill_s(c, p, tokens, max_chunk_tokens=chunk), "handover prefill (next model)"
+    kind = get_strategy(strategy.kind)
     if costing.kv_layout == "shared":  # adapters on the decoder side of a CED model
-        seconds = _replay_in_step_s(costing, query, num_context_tokens)
-        mechanism = "bounded replay"
+        kv_switch = _replay_in_step_s(costing, query, num_context_tokens), "bounded replay"
     else:  # the context again under the target, with the user turn, instead of the turn alone
-        seconds = (prefill_s(c, p, num_context_tokens + query, max_chunk_tokens=chunk)
-                   - prefill_s(c, p, query, num_context_tokens=num_context_tokens,
-                               max_chunk_tokens=chunk))
-        mechanism = "handoff prefill" if strategy.kind == "mol" else "re-prefill"
-    if strategy.kind == "mol" and strategy.max_summary_tokens:
-        # the answering adapter writes a summary for later hops
-        seconds += decode_run_s(c, p, num_tokens=strategy.max_summary_tokens,
-                                num_context_tokens=num_context_tokens)
-        mechanism += " + summary hop"
-    return seconds, mechanism
+        kv_switch = (prefill_s(c, p, num_context_tokens + query, max_chunk_tokens=chunk)
+                     - prefill_s(c, p, query, num_context_tokens=num_context_tokens,
+                                 max_chunk_tokens=chunk), kind.reprefill_name)
+    return kind.switch_s(strategy, _turn_pricing(scenario, costing), num_context_tokens,
+                         kv_switch)
 
 
 def kv_per_conversation(scenario: Scenario) -> pd.DataFrame:
@@ -107,10 +101,7 @@ def kv_per_conversation(scenario: Scenario) -> pd.DataFrame:
     rows = []
     a = scenario.analysis
     for strategy, costing in _costings(scenario):
-        temporary = 0
-        if strategy.kind == "contextual_mol":
-            options = _num_options(strategy) * strategy.num_option_description_tokens
-            temporary = a.num_query_tokens + options  # the decision's global-KV branch
+        temporary = get_strategy(strategy.kind).decision_kv_tokens(strategy, a.num_query_tokens)
         for visited in a.adapters_visited:
             for ctx in a.context_tokens:
                 kv = conversation_kv(costing.arch, costing.kv_layout, ctx, visited,

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from sim.strategies.strategy import Strategy
+import math
+
+from sim.strategies.strategy import Strategy, TurnPricing
 
 
 class BaseModel(Strategy):
     kind = "base"
     uses_adapters = False
+
+    def switch_s(self, spec, pricing: TurnPricing, num_context_tokens: int,
+                 kv_switch: tuple[float, str]) -> tuple[float, str]:
+        return math.nan, "none (no adapters)"

@@ -27,3 +27,7 @@ class ContextualMol(Strategy):
                          num_context_tokens=num_context_tokens,
                          max_chunk_tokens=pricing.max_chunk_tokens, is_adapted=False,
                          last_layer=pricing.routing_last_layer, num_routing_decisions=1)
+
+    def decision_kv_tokens(self, spec, num_query_tokens: int) -> int:
+        # The decision's global-KV branch: the query and every option's description.
+        return num_query_tokens + len(spec.adapters) * spec.num_option_description_tokens

@@ -10,6 +10,7 @@ from sim.strategies.strategy import Strategy, TurnPricing
 class MixtureOfLoras(Strategy):
     kind = "mol"
     is_routing = True
+    reprefill_name = "handoff prefill"
 
     def route_hop(self, spec, num_prompt_tokens: int, routing_last_layer: int) -> dict | None:
         router = spec.router_adapter_index
@@ -32,3 +33,13 @@ class MixtureOfLoras(Strategy):
                           max_chunk_tokens=pricing.max_chunk_tokens)
         return route + decode_run_s(c, p, num_tokens=spec.num_route_decode_tokens,
                                     num_context_tokens=spec.num_route_prompt_tokens)
+
+    def switch_s(self, spec, pricing: TurnPricing, num_context_tokens: int,
+                 kv_switch: tuple[float, str]) -> tuple[float, str]:
+        seconds, mechanism = kv_switch
+        if not spec.max_summary_tokens:
+            return kv_switch
+        # The answering adapter writes a summary for later hops.
+        seconds += decode_run_s(pricing.coeffs, pricing.costs, num_tokens=spec.max_summary_tokens,
+                                num_context_tokens=num_context_tokens)
+        return seconds, mechanism + " + summary hop"

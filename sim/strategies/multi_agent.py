@@ -3,10 +3,11 @@ conversation (or a bounded handover text) to the next agent, which prefills it."
 
 from __future__ import annotations
 
+from sim.cost.phase_costs import prefill_s
 from sim.engine.sequence import PRIVATE_STREAM
 from sim.hardware.specs import ModelArch
 from sim.strategies.placement import KvLayout
-from sim.strategies.strategy import Strategy
+from sim.strategies.strategy import Strategy, TurnPricing
 
 
 class MultiAgent(Strategy):
@@ -24,3 +25,10 @@ class MultiAgent(Strategy):
         handover = min(num_context_tokens, spec.num_handover_tokens)
         return dict(num_prompt_tokens=handover + num_user_tokens, stream_id=PRIVATE_STREAM,
                     num_stream_prompt_tokens=0, is_output_in_stream=False)
+
+    def switch_s(self, spec, pricing: TurnPricing, num_context_tokens: int,
+                 kv_switch: tuple[float, str]) -> tuple[float, str]:
+        tokens = spec.num_handover_tokens or num_context_tokens
+        return (prefill_s(pricing.coeffs, pricing.costs, tokens,
+                          max_chunk_tokens=pricing.max_chunk_tokens),
+                "handover prefill (next model)")

@@ -44,6 +44,8 @@ class Strategy:
     """Adapters are priced and loaded (False: base model, one full model per agent)."""
     is_model_per_domain: ClassVar[bool] = False
     """Each domain is served by a model of its own, on replicas of its own (multi-agent)."""
+    reprefill_name: ClassVar[str] = "re-prefill"
+    """What a switch that prefills the context again under the target is called."""
 
     def kv_layout(self, arch: ModelArch, placements: list[list[tuple[int, str]]]) -> KvLayout:
         """Where KV lives given each adapter's (layer, module) placements."""
@@ -80,3 +82,14 @@ class Strategy:
         """Seconds one routing decision takes by the mechanism, analytically (0: no router).
         `spec` is the strategy's parameters (the scenario's or the simulator's: same names)."""
         return 0.0
+
+    def switch_s(self, spec, pricing: TurnPricing, num_context_tokens: int,
+                 kv_switch: tuple[float, str]) -> tuple[float, str]:
+        """Seconds one domain switch adds to a turn, and the mechanism's name, analytically;
+        `kv_switch` is what rebuilding the KV the layout implies costs (bounded replay or a
+        re-prefill under the target)."""
+        return kv_switch
+
+    def decision_kv_tokens(self, spec, num_query_tokens: int) -> int:
+        """Tokens of KV a decision holds for a while beside the conversation's (0: none)."""
+        return 0
