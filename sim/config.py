@@ -171,12 +171,25 @@ class ClusterSpec(_Frozen):
 
 
 class SimBounds(_Frozen):
-    """Limits that stop a run that would not end; hitting one raises SimulationBoundError."""
+    """Where a run stops: at the end of a measurement window, or at a limit that stops a run
+    that would not end (hitting a limit raises SimulationError)."""
 
     max_simulated_time_s: float = Field(default=30 * 86_400.0, gt=0)
     """Simulated seconds after which the run stops."""
     max_engine_steps: int = Field(default=200_000_000, ge=1)
     """Engine steps (summed over replicas) after which the run stops."""
+    window_s: float | None = Field(default=None, gt=0)
+    """Measurement window: the run stops at this simulated time and its tables and summary
+    cover the turns finished before it, as a serving benchmark run for a fixed time reports;
+    the rest is neither simulated nor an error. None: run until every turn finishes."""
+
+    @model_validator(mode="after")
+    def _window_inside_bound(self) -> SimBounds:
+        if self.window_s is not None and self.window_s > self.max_simulated_time_s:
+            raise ValueError(f"window_s={self.window_s} exceeds max_simulated_time_s="
+                             f"{self.max_simulated_time_s}; allowed: window_s <= "
+                             f"max_simulated_time_s")
+        return self
 
 
 class SimConfig(_Frozen):

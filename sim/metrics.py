@@ -189,12 +189,15 @@ class MetricsRecorder:
 
 
 def summarize(turns: pd.DataFrame, requests: pd.DataFrame, *, ttft_slo_s: float | None = None,
-              tpot_slo_s: float | None = None, e2e_slo_s: float | None = None) -> dict:
-    """Throughput, latency percentiles and goodput of a run (a pure function of its tables)."""
+              tpot_slo_s: float | None = None, e2e_slo_s: float | None = None,
+              duration_s: float | None = None) -> dict:
+    """Throughput, latency percentiles and goodput of a run (a pure function of its tables);
+    rates are over `duration_s` when given (a measurement window), else from the first
+    arrival to the last turn done."""
     if turns.empty:
         return {"num_turns": 0}
     start = float(turns["arrival_s"].min())
-    duration = max(float(turns["done_s"].max()) - start, 1e-12)
+    duration = duration_s or max(float(turns["done_s"].max()) - start, 1e-12)
     generated = float(requests["num_output_tokens"].sum())
     out = {"num_turns": len(turns), "num_requests": len(requests), "duration_s": duration,
            "turns_per_s": len(turns) / duration, "output_tokens_per_s": generated / duration,

@@ -180,6 +180,29 @@ def _routing_gpu_seconds(config: SimConfig, profile: LayerCosts, turns: pd.DataF
             "routing_gpu_share": replica_s / served_s if served_s else 0.0}
 
 
+def _summary(config: SimConfig, profile: LayerCosts, frames: dict, replicas: list[Replica],
+             slo: dict, num_unfinished: int) -> dict:
+    """The run's summary. Every turn has finished, or the run stopped at its window and the
+    summary covers the turns finished inside it (its rates over the window)."""
+    window_s, bounds = config.bounds.window_s, config.bounds
+    if num_unfinished and window_s is None:
+        raise SimulationError(
+            f"simulation.max_simulated_time_s={bounds.max_simulated_time_s} reached with "
+            f"{num_unfinished} of {num_unfinished + len(frames['turns'])} turns unfinished; "
+            f"the deployment is overloaded or the bound is too short")
+    if frames["turns"].empty:
+        raise SimulationError(f"simulation.window_s={window_s}: no turn finished inside the "
+                              f"window; lengthen it")
+    summary = summarize(frames["turns"], frames["requests"], **slo, duration_s=window_s)
+    if window_s is not None:
+        summary.update(window_s=window_s, num_turns_unfinished_in_window=num_unfinished)
+    summary.update(_routing_gpu_seconds(config, profile, frames["turns"], summary))
+    busy = sum(r.busy_s for r in replicas)
+    summary["mean_replica_utilization"] = busy / (len(replicas) * max(summary["duration_s"],
+                                                                      1e-12))
+    return summary
+
+
 def simulate(config: SimConfig, workload: Workload, *, timeseries_interval_s: float = 1.0,
              slo: dict | None = None) -> SimResult:
     """Simulate `workload` served under `config`; `slo` holds ttft/tpot/e2e_slo_s for goodput."""
@@ -230,24 +253,18 @@ def simulate(config: SimConfig, workload: Workload, *, timeseries_interval_s: fl
         replicas = replicas + pool
     driver = TurnDriver(env, config, workload, router, recorder, disaggregation, router_pool)
     env.process(driver.arrivals())
+    window_s = config.bounds.window_s
     with _gc_paused():
-        env.run(until=config.bounds.max_simulated_time_s)
-    if len(recorder.turns) < workload.num_turns:
-        raise SimulationError(
-            f"simulation.max_simulated_time_s={config.bounds.max_simulated_time_s} reached with "
-            f"{workload.num_turns - len(recorder.turns)} of {workload.num_turns} turns "
-            f"unfinished; the deployment is overloaded or the bound is too short")
+        env.run(until=window_s or config.bounds.max_simulated_time_s)
+    num_unfinished = workload.num_turns - len(recorder.turns)
     frames = recorder.frames()
-    slo = slo or {}
-    summary = summarize(frames["turns"], frames["requests"], **slo)
-    summary.update(_routing_gpu_seconds(config, profile, frames["turns"], summary))
-    busy = sum(r.busy_s for r in replicas)
-    summary["mean_replica_utilization"] = busy / (len(replicas) * max(summary["duration_s"],
-                                                                      1e-12))
+    summary = _summary(config, profile, frames, replicas, slo or {}, num_unfinished)
     stats = dict(num_engine_steps=counter.num_steps, num_engine_events=counter.num_events,
                  num_predict_calls=pricer.num_predict_calls, num_kv_blocks=num_kv_blocks,
                  num_replicas=len(replicas), wall_s=time.perf_counter() - wall_start,
                  kv_blocks_in_use_at_end=sum(r.engine.kv.num_used for r in replicas),
                  num_sequences_left=sum(r.engine.num_outstanding for r in replicas))
+    if config.bounds.window_s is not None:
+        stats["stopped_at_window_s"] = config.bounds.window_s
     return SimResult(frames["requests"], frames["turns"], frames["timeseries"],
                      frames["kv_by_namespace"], summary, stats)

@@ -145,6 +145,11 @@ def _sim_sections(summary: pd.DataFrame, turns: pd.DataFrame,
             "latency percentiles, goodput under the SLOs, preemptions and switch recomputation, "
             "routing quality (routed turns, misroutes, misroute rate) and routing GPU-seconds "
             "(the routers' passes, wherever they run, as a share of the GPU time served).")
+    if "window_s" in summary and summary["window_s"].notna().any():
+        text += (f" The runs stopped at simulation.window_s = {summary['window_s'].max():g} s: "
+                 f"every number covers the turns finished inside the window, rates are over the "
+                 f"window, and num_turns_unfinished_in_window counts the others (under overload "
+                 f"the slowest turns are among them).")
     figures = [sim_latency_figure(summary), sim_figures.throughput_figure(summary)]
     if not turns.empty:
         figures += [sim_figures.latency_cdf_figure(turns, "ttft_s"),

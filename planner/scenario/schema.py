@@ -57,6 +57,18 @@ class SimulationConfig(FrozenModel):
     """Simulated seconds after which a run stops with its unfinished turns reported."""
     max_engine_steps: int = Field(default=200_000_000, ge=1, le=10**12)
     """Engine steps, summed over replicas, after which a run stops."""
+    window_s: float | None = Field(default=None, gt=0, le=1e9)
+    """Measurement window in simulated seconds: the run stops there and reports the turns
+    finished inside it (as a serving benchmark run for a fixed time does), without simulating
+    the drain and without a bound error; unset: every turn runs to its end."""
+
+    @model_validator(mode="after")
+    def _window_inside_bound(self) -> SimulationConfig:
+        if self.window_s is not None and self.window_s > self.max_simulated_time_s:
+            raise ValueError(f"window_s={self.window_s} exceeds max_simulated_time_s="
+                             f"{self.max_simulated_time_s}; allowed: at most "
+                             f"max_simulated_time_s")
+        return self
 
 
 class SearchSpaceConfig(FrozenModel):

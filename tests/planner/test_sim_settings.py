@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from planner.predict.simulation import create_workload, simulate_strategy, strategy_spec
@@ -133,3 +134,37 @@ def test_the_contextual_head_size_reaches_the_routing_time():
     route_small = simulate_strategy(small, index).turns["route_s"].mean()
     route_big = simulate_strategy(big, index).turns["route_s"].mean()
     assert route_big > route_small + 1e-3  # 20 GB of head weights read per decision
+
+
+def window_scenario():
+    """30 requests at once, 4 at a time, and a window that ends between two batches."""
+    text = BASE + "engine: {max_num_seqs: 4}\n"
+    done = np.unique(simulate_strategy(scenario_from_text(text), 0).turns["done_s"])
+    window_s = round(float(done[3] + done[4]) / 2, 6)  # 4 batches of 4 done inside
+    return scenario_from_text(text + f"simulation: {{window_s: {window_s}}}\n"), window_s
+
+
+def test_the_simulation_stops_at_the_scenario_window():
+    scenario, window_s = window_scenario()
+    result = simulate_strategy(scenario, 0)
+    assert result.summary["window_s"] == window_s
+    assert result.summary["num_turns_unfinished_in_window"] == 30 - len(result.turns) == 14
+    assert (result.turns["done_s"] < window_s).all()
+
+
+def test_window_past_the_time_bound_is_located(tmp_path):
+    text = BASE + "simulation:\n  max_simulated_time_s: 10\n  window_s: 20\n"
+    message = only_message(tmp_path, text, "simulation:", "simulation")
+    assert "window_s=20.0 exceeds max_simulated_time_s=10.0" in message
+
+
+def test_the_report_says_when_runs_stopped_at_the_window():
+    from planner.jobs.run import _sim_sections
+
+    scenario, window_s = window_scenario()
+    result = simulate_strategy(scenario, 0)
+    windowed = pd.DataFrame([{"strategy": "multi_lora", **result.summary}])
+    assert f"stopped at simulation.window_s = {window_s:g} s" in _sim_sections(
+        windowed, pd.DataFrame(), pd.DataFrame())[0].text
+    whole = windowed.drop(columns=["window_s", "num_turns_unfinished_in_window"])
+    assert "window" not in _sim_sections(whole, pd.DataFrame(), pd.DataFrame())[0].text
