@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # The test environment carries every extra whose real parts the tests run.
 TEST_EXTRAS ?= test,engine,dist,vllm,app,calibrate
 
-.PHONY: demo test app browser lint clean
+.PHONY: demo test app browser schedulers lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,7 @@ $(VENV)/.test-installed: pyproject.toml Makefile | $(BIN)/python
 demo: $(VENV)/.core-installed
 	$(BIN)/molcap run scenarios/default.yaml
 
-test: $(VENV)/.test-installed browser
+test: $(VENV)/.test-installed browser schedulers
 	$(BIN)/python -m pytest
 
 # The dashboard's real-browser test drives Debian's chromium through chromedriver (never a
@@ -39,6 +39,15 @@ browser:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
 	else echo "make test: the dashboard's browser test needs Debian's chromium and chromium-driver:" \
 	  "sudo apt-get install -y chromium chromium-driver (that test fails without them)" >&2; fi
+
+# The cluster jobs' tests submit them to a real one-node Slurm cluster on localhost (Debian's
+# slurm-wlm; munge authenticates it): installed with apt when running as root.
+schedulers:
+	@PATH="$$PATH:/usr/sbin:/sbin"; command -v slurmctld >/dev/null && command -v munged >/dev/null || \
+	if [ "$$(id -u)" = 0 ]; then apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge; \
+	else echo "make test: the Slurm job tests need Debian's slurm-wlm and munge:" \
+	  "sudo apt-get install -y slurm-wlm munge (those tests are skipped without them)" >&2; fi
 
 $(VENV)/.app-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e ".[app]"
