@@ -17,9 +17,6 @@ from pathlib import Path
 from planner.scenario.strategies import AccuracyPoint
 from sim.strategies.router_card import RouterCard, RouterCardError, SettingResult, load_router_card
 
-KIND_OF_CARD = {"mol": "mol_l0", "contextual_mol": "contextual_mol", "mol2": "mol2"}
-"""Strategy kind -> the router kind of card it accepts."""
-
 
 class RouterCardProblem(ValueError):
     """A card that does not fit its strategy; `loc` is the field path it is about."""
@@ -27,16 +24,6 @@ class RouterCardProblem(ValueError):
     def __init__(self, loc: tuple, message: str) -> None:
         super().__init__(message)
         self.loc = loc
-
-
-def _expected_layer(strategy, arch) -> tuple[int, str]:
-    """The routing layer the strategy reads, and where that number comes from."""
-    if strategy.kind == "mol":
-        name = strategy.router_adapter or strategy.adapters[0].name
-        adapter = next(a for a in strategy.adapters if a.name == name)
-        lowest = min(adapter.layers) if adapter.layers else 0
-        return lowest, f"the lowest layer of its L0 adapter {name!r} (layers {adapter.layers})"
-    return arch.ced.routing_layer, f"model {arch.name!r}'s routing layer"
 
 
 def _matching_setting(card: RouterCard, adapters: list[str], where: str) -> SettingResult:
@@ -59,16 +46,8 @@ def _card_fields(strategy, card: RouterCard, setting: SettingResult) -> dict:
     """Fields the card fills: the accuracy curve and the decision work the user left unset."""
     curve = {s.num_options: s.accuracy_mean for s in card.settings}
     fields: dict = {"router_accuracy_curve": tuple(AccuracyPoint(num_domains=n, accuracy=a)
-                                                   for n, a in sorted(curve.items()))}
-    work = setting.work
-    if strategy.kind == "mol":
-        fields.update(num_route_prompt_tokens=work.num_prefill_tokens,
-                      num_route_decode_tokens=max(work.num_decode_tokens, 1))
-    elif strategy.kind == "contextual_mol":
-        fields.update(num_option_description_tokens=max(round(work.num_tokens_per_option), 1),
-                      num_head_params=card.num_params)
-    else:
-        fields.update(num_head_params=card.num_params)
+                                                   for n, a in sorted(curve.items())),
+                    **strategy.card_work_fields(card, setting.work)}
     return {k: v for k, v in fields.items()
             if k == "router_accuracy_curve" or k not in strategy.model_fields_set}
 
@@ -85,15 +64,15 @@ def resolve_card(strategy, arch, folder: Path) -> dict:
         card = load_router_card(path)
     except RouterCardError as err:
         raise RouterCardProblem((), str(err)) from None
-    if card.router != KIND_OF_CARD[strategy.kind]:
+    if card.router != strategy.card_router_kind:
         raise RouterCardProblem((), f"{where} is a {card.router!r} router; a {strategy.kind!r} "
-                                f"strategy takes a {KIND_OF_CARD[strategy.kind]!r} card")
+                                f"strategy takes a {strategy.card_router_kind!r} card")
     model = arch.name
     if card.model != model:
         raise RouterCardProblem((), f"{where} was measured on model {card.model!r}; this "
                                 f"strategy runs {model!r} (to reuse its accuracy on another "
                                 "model, copy it into router_accuracy_curve)")
-    layer, source = _expected_layer(strategy, arch)
+    layer, source = strategy.routing_layer(arch)
     if card.routing_layer != layer:
         raise RouterCardProblem((), f"{where} reads routing layer {card.routing_layer}; this "
                                 f"strategy's is {layer} ({source})")

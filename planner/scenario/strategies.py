@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
@@ -148,6 +148,14 @@ class _RoutedStrategy(FrozenModel):
                 "measured_decision_time_s": self.measured_decision_time_s,  # type: ignore
                 "routing_accuracy": self.resolved_router_accuracy}
 
+    def routing_layer(self, arch) -> tuple[int, str]:
+        """The layer the router reads, and where that number comes from (a card must match)."""
+        return arch.ced.routing_layer, f"model {arch.name!r}'s routing layer"
+
+    def card_work_fields(self, card, work) -> dict:
+        """The decision work a router card fills in (fields the user set are kept)."""
+        return {"num_head_params": card.num_params}
+
 
 class BaseStrategy(_StrategyBase):
     """The base model alone: no adapters, no routing."""
@@ -193,6 +201,19 @@ class MolStrategy(_RoutedStrategy, _AdapterStrategy):
     implies (it is never free); the decision takes at least this long. In the analytical
     comparisons it replaces the derived time."""
 
+    card_router_kind: ClassVar[str] = "mol_l0"
+    """The router kind of card this strategy accepts."""
+
+    def routing_layer(self, arch) -> tuple[int, str]:
+        name = self.router_adapter or self.adapters[0].name
+        adapter = next(a for a in self.adapters if a.name == name)
+        lowest = min(adapter.layers) if adapter.layers else 0
+        return lowest, f"the lowest layer of its L0 adapter {name!r} (layers {adapter.layers})"
+
+    def card_work_fields(self, card, work) -> dict:
+        return {"num_route_prompt_tokens": work.num_prefill_tokens,
+                "num_route_decode_tokens": max(work.num_decode_tokens, 1)}
+
     def sim_fields(self, adapter_names: list[str]) -> dict:
         router = adapter_names.index(self.router_adapter) if self.router_adapter else 0
         return {**super().sim_fields(adapter_names), "router_adapter_index": router,
@@ -216,6 +237,13 @@ class ContextualMolStrategy(_RoutedStrategy, _SharedKvStrategy):
     implies (it is never free); the decision takes at least this long. In the analytical
     comparisons it replaces the derived time."""
 
+    card_router_kind: ClassVar[str] = "contextual_mol"
+    """The router kind of card this strategy accepts."""
+
+    def card_work_fields(self, card, work) -> dict:
+        return {"num_option_description_tokens": max(round(work.num_tokens_per_option), 1),
+                "num_head_params": card.num_params}
+
     def sim_fields(self, adapter_names: list[str]) -> dict:
         return {**super().sim_fields(adapter_names),
                 "num_option_description_tokens": self.num_option_description_tokens,
@@ -236,6 +264,9 @@ class Mol2Strategy(_RoutedStrategy, _SharedKvStrategy):
     GPUs (it is never free) and the decision takes at least this long; in the engine the head's
     GPU time inside the answer's prefill step is at least this. In the analytical comparisons
     it replaces the derived time."""
+
+    card_router_kind: ClassVar[str] = "mol2"
+    """The router kind of card this strategy accepts."""
 
     def sim_fields(self, adapter_names: list[str]) -> dict:
         return {**super().sim_fields(adapter_names), "routing": self.routing,
