@@ -23,6 +23,7 @@ SLICES = {
     # dataset folder, file, data rows kept (the header of a CSV is kept on top)
     "azure_llm_2023": ("AzureLLMInferenceTrace_conv.csv", 4000),
     "mooncake_fast25": ("conversation_trace.jsonl", 1000),
+    "length_distributions": ("sharegpt_8k_filtered_stats_llama2_tokenizer.csv", 4000),
 }
 
 
