@@ -304,14 +304,14 @@ class Engine:
         rows = self.group.rows() if plan.num_group_decodes else [
             (s.num_output_tokens - s.num_generated_tokens, s.num_computed_tokens,
              s.num_blocks) for s in plan.decodes]
-        if sum(max(0, -(-(c + min(num_steps * adv, r)) // bs) - h) for r, c, h in rows) <= free:
-            return num_steps
         remaining, computed, held = np.array(rows).T
 
         def extra_blocks(k: int) -> int:
             total = computed + np.minimum(k * adv, remaining)
             return int(np.maximum(0, -(-total // bs) - held).sum())
 
+        if extra_blocks(num_steps) <= free:
+            return num_steps
         lo, hi = 1, num_steps  # extra_blocks(lo) == 0 <= free < extra_blocks(hi)
         while hi - lo > 1:
             mid = (lo + hi) // 2
