@@ -8,7 +8,10 @@ on it), then every command below as its own `python -m engine_ext.routers.train`
 and setting, as the shipped cards were made), `--jobs` at a time, longest first. The shipped
 cards record these same commands (a test checks it). --quick trains seed 0 only and
 writes to out/router_cards_quick (heads to out/router_heads_quick), leaving the shipped cards
-and data/routers alone: a check that the pipeline runs, not the table's numbers. The wall time
+and data/routers alone: a check that the pipeline runs, not the table's numbers. Then the
+reference rows (`engine_ext.routers.baselines`: TF-IDF baseline, linear probes) and the table
+(`bench/bench_routers.py`; with --quick into out/router_baselines_quick.json and
+out/router_table_quick.*, else data/routers/baselines.json and docs/router_table.*). The wall time
 of every process and of the whole rebuild is printed and written to
 out/router_rebuild_logs/rebuild_times.json, beside each process's log.
 """
@@ -26,7 +29,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 SETTINGS = ("domains4", "clinc_domains10", "clinc_intents150", "banking77")
+MOL2_LARGE = ("--train-per-class", "30", "--keep-timings")
+"""MoL2 on SmolLM2 trains on 30 rows per class (settings.LARGE_TRAIN_PER_CLASS) and keeps the
+decision times its card measured before (a card without them times again)."""
 CHOOSE_STEPS = ("--mol2-steps", "100", "300")
+MOL2_STEPS = {"clinc_domains10": 350, "clinc_intents150": 350}
+"""About 5 epochs of 64 on CLINC150's 4,500 rows (domains4 and BANKING77 keep their rows: 100
+steps on 400, and 300 steps on 770 chosen on validation)."""
 
 
 def _train(router: str, *settings: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -35,7 +44,8 @@ def _train(router: str, *settings: str, extra: tuple[str, ...] = ()) -> tuple[st
 
 CHAINS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (_train("mol2"), _train("mol2", "banking77", extra=CHOOSE_STEPS),
-     _train("mol2", "clinc_intents150", extra=CHOOSE_STEPS), _train("mol2_regimes")),
+     *(_train("mol2", s, extra=(*MOL2_LARGE, "--mol2-steps", str(n)))
+       for s, n in MOL2_STEPS.items()), _train("mol2_regimes")),
     (_train("l0", "clinc_intents150"),), (_train("l0", "banking77"),),
     (_train("l0", "domains4", "clinc_domains10"),),
     (_train("contextual_smollm2", "clinc_intents150"),),
@@ -45,9 +55,9 @@ CHAINS: tuple[tuple[tuple[str, ...], ...], ...] = (
     *((_train("contextual_ced", s),) for s in SETTINGS),
 )
 """The arguments of each training process. A chain's processes run one after the other (the
-MoL2 card: all settings at 100 steps, then 150 intents and BANKING77 again with the step count
-chosen on the validation split, then the mixed-vs-staged table); chains run `--jobs` at a time,
-in this order (the slowest first)."""
+MoL2 card: every setting on the default rows, then the larger settings again on 30 rows per
+class, then the mixed-vs-staged table); chains run `--jobs`
+at a time, in this order (the slowest first)."""
 
 TRAIN_MODULE = "engine_ext.routers.train"
 
@@ -79,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="only the commands training these (train's --routers names)")
     args = parser.parse_args(argv)
     from engine_ext.decoder_only import DEFAULT_HF_CACHE, load_smollm2
+    from engine_ext.routers.baselines import BASELINES_FILE
     from engine_ext.routers.train import CARDS_DIR, HEADS_DIR
     from engine_ext.train import DEFAULT_OUT
 
@@ -106,6 +117,13 @@ def main(argv: list[str] | None = None) -> None:
     with ThreadPoolExecutor(args.jobs) as pool:
         for found in pool.map(run_chain, range(len(chains))):
             times.update(found)
+    refs = Path("out/router_baselines_quick.json") if args.quick else BASELINES_FILE
+    table = Path("out/router_table_quick.json") if args.quick else Path("docs/router_table.json")
+    times["python -m engine_ext.routers.baselines"] = _run(
+        ["-m", "engine_ext.routers.baselines", "--out", str(refs)], logs / "baselines.log")
+    times["python bench/bench_routers.py"] = _run(
+        ["bench/bench_routers.py", "--cards", str(cards), "--baselines", str(refs),
+         "--out", str(table)], logs / "table.log")
     total = time.perf_counter() - start
     print(f"rebuilt the router cards in {cards} in {total:.0f}s ({args.jobs} jobs, load "
           f"{os.getloadavg()[0]:.1f})", flush=True)

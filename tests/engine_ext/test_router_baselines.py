@@ -62,3 +62,14 @@ def test_pooled_states_are_cached_in_chunks_that_equal_one_pass(tmp_path):
     tail = backbone.pooled(texts[POOLED_CHUNK:])  # the second chunk, read back from its file
     torch.testing.assert_close(tail, chunked[POOLED_CHUNK:])
     torch.testing.assert_close(chunked[:3], backbone.pooled(texts[:3]), rtol=1e-5, atol=1e-5)
+
+
+def test_mol2_retrained_with_kept_timings_keeps_the_measured_decision_times(tmp_path):
+    from engine_ext.routers.run_mol2 import mol2_setting
+
+    backbone = _ced_backbone(tmp_path)
+    domains = domains4_set({"train": 8, "val": 2, "test": 4}, max_bytes=20_000)
+    measured, _ = mol2_setting(backbone, domains, [0], tmp_path / "heads", (3,))
+    kept, _ = mol2_setting(backbone, domains, [1], tmp_path / "heads", (3,), timed=measured)
+    assert kept.decision == measured.decision and kept.standalone == measured.standalone
+    assert kept.num_test == 16 and kept.train_seconds_mean != measured.train_seconds_mean
