@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
                         default=["smollm2", "ced"])
     parser.add_argument("--out", type=Path, default=BASELINES_FILE)
     parser.add_argument("--text-dir", type=Path, default=None)
+    parser.add_argument("--settings", nargs="+", default=None,
+                        help="only these settings (default: all four)")
     args = parser.parse_args(argv)
     import torch
 
@@ -170,7 +172,8 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(1)
     text_dir = args.text_dir or default_text_dir()
-    sets = load_settings(text_dir, LARGE_TRAIN_PER_CLASS)
+    sets = {name: s for name, s in load_settings(text_dir, LARGE_TRAIN_PER_CLASS).items()
+            if args.settings is None or name in args.settings}
     small_sets, full_sets = load_settings(text_dir), load_settings(text_dir, ALL_ROWS)
     backbones = []
     if "smollm2" in args.backbones:

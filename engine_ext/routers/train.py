@@ -97,11 +97,14 @@ def _merge(card: RouterCard, old: RouterCard) -> RouterCard:
 def _card(name: str, router: str, model: str, layer: int, num_params: int, args, rows,
           training: str, sets, **extra) -> RouterCard:
     sources = sorted({src for s in sets for src in s.sources})
+    path = args.cards / f"{name}.json"
+    # kept decision times stay with the machine that measured them
+    hardware = (load_router_card(path).hardware if getattr(args, "keep_timings", False)
+                and path.exists() else args.hardware)
     card = RouterCard(name=name, router=router, model=model, routing_layer=layer,
                       num_params=num_params, seeds=tuple(args.seeds), training=training,
-                      command=args.command, data_sources=tuple(sources), hardware=args.hardware,
+                      command=args.command, data_sources=tuple(sources), hardware=hardware,
                       settings=tuple(rows), **extra)
-    path = args.cards / f"{name}.json"
     with _locked(path):
         if path.exists() and set(args.settings) != set(ALL_SETTINGS):
             card = _merge(card, load_router_card(path))
@@ -132,12 +135,20 @@ def run_mol2(args, sets, backbone, card_name: str, router_key: str) -> None:
           f"{_train_sizes(sets, args.settings)}, "
           + (f"steps per setting chosen among {args.mol2_steps} by seed 0's validation "
              "accuracy (printed in the log; the test split is not looked at)"
-             if args.mol2_steps else f"{m.STEPS} steps per setting"),
+             if len(args.mol2_steps) > 1 else _epochs(sets, args.settings,
+                                                     (args.mol2_steps or [m.STEPS])[0], m.BATCH))
+          + (", decision times kept from the card's earlier measurement"
+             if args.keep_timings else ""),
           [sets[n] for n in args.settings])
 
 
 def _train_sizes(sets, names) -> str:
     return "training queries " + ", ".join(f"{n} {len(sets[n].train)}" for n in names)
+
+
+def _epochs(sets, names, steps: int, batch: int) -> str:
+    return f"{steps} steps of {batch} (" + ", ".join(
+        f"{n} {steps * batch / len(sets[n].train):.1f} epochs" for n in names) + ")"
 
 
 def _timed_rows(args, card_name: str) -> dict:
