@@ -59,23 +59,41 @@ def _turn_pricing(scenario: Scenario, costing: StrategyCosting) -> TurnPricing:
 
 def _replay_in_step_s(costing: StrategyCosting, num_query_tokens: int,
                       num_context_tokens: int, *, window_tokens: int | None = None,
-                      layers: tuple[int, int] | None = None) -> float:
+                      layers: tuple[int, int] | None = None,
+                      reencode: tuple[int, int] | None = None) -> float:
     """What rebuilding a window adds to the step that prefills the user turn (the engine runs
     it with the answer's first chunk): the step with it minus the step without it. By default
     the bounded replay (the decoder layers); `layers` (first, last) and `window_tokens` price
-    another window, the encoder's re-encode of C[-W:]."""
+    another window, the encoder's re-encode of C[-W:]. `reencode` (window, encoder layers) puts
+    that re-encode in both steps, as the engine runs it with the turn: a step's LoRA kernel grid
+    grows with all its tokens, so the replay's share depends on what else the step holds."""
     c, p = costing.coeffs, costing.profile
     window = costing.replay_window_tokens if window_tokens is None else window_tokens
     replay = min(window, num_context_tokens)
     first, last = layers or (costing.first_decoder_layer, p.num_layers)
-    items = dict(num_layers=p.num_layers, adapter_ids=[0, 0], is_adapted=[True, True],
-                 first_layer=[0, first], last_layer=[p.num_layers, last],
-                 is_replay=[False, True], is_last_chunk=[True, False])
-    both = create_step_batch([num_query_tokens, replay],
-                             [num_context_tokens, num_context_tokens - replay], **items)
-    alone = create_step_batch([num_query_tokens], [num_context_tokens],
-                              **{k: v[:1] if isinstance(v, list) else v for k, v in items.items()})
-    return predict_step(c, p, both).total_s - predict_step(c, p, alone).total_s
+    # Columns: new tokens, context, first layer, last layer, is replay, samples a token.
+    turn = [(num_query_tokens, num_context_tokens, 0, p.num_layers, False, True)]
+    if reencode is not None:
+        num = min(reencode[0], num_context_tokens)
+        turn.append((num, num_context_tokens - num, 0, reencode[1], True, False))
+    with_replay = [*turn, (replay, num_context_tokens - replay, first, last, True, False)]
+    return _step_s(c, p, with_replay) - _step_s(c, p, turn)
+
+
+def _step_s(c, p, items: list[tuple]) -> float:
+    new, ctx, first, last, replay, samples = (list(column) for column in zip(*items))
+    batch = create_step_batch(new, ctx, num_layers=p.num_layers, adapter_ids=[0] * len(new),
+                              is_adapted=[True] * len(new), first_layer=first, last_layer=last,
+                              is_replay=replay, is_last_chunk=samples)
+    return predict_step(c, p, batch).total_s
+
+
+def _reencode_window(scenario: Scenario, costing: StrategyCosting) -> tuple[int, int] | None:
+    """(window, encoder layers) a CED turn re-encodes after a cached prefix, or None."""
+    ced = costing.arch.ced
+    if ced is None or scenario.engine.ced_encoder_window != "recompute":
+        return None
+    return ced.sliding_window_tokens, ced.num_encoder_layers
 
 
 def switch_cost_s(scenario: Scenario, strategy, costing: StrategyCosting,
@@ -87,7 +105,9 @@ def switch_cost_s(scenario: Scenario, strategy, costing: StrategyCosting,
     query = scenario.analysis.num_query_tokens
     kind = get_strategy(strategy.kind)
     if costing.kv_layout == "shared":  # adapters on the decoder side of a CED model
-        kv_switch = _replay_in_step_s(costing, query, num_context_tokens), "bounded replay"
+        kv_switch = (_replay_in_step_s(costing, query, num_context_tokens,
+                                       reencode=_reencode_window(scenario, costing)),
+                     "bounded replay")
     else:  # the context again under the target, with the user turn, instead of the turn alone
         kv_switch = (prefill_s(c, p, num_context_tokens + query, max_chunk_tokens=chunk)
                      - prefill_s(c, p, query, num_context_tokens=num_context_tokens,

@@ -77,7 +77,7 @@ SWITCH_TOLERANCE = {"multi_lora": 0.005, "mol2_ced": 0.03}
 """Relative gap allowed between the simulated and the analytical switch. A re-prefill is priced
 the same way by both (seen: 0.06%). A bounded replay is priced by the analysis as the replay
 added to the turn's step; the simulation also splits the CED window's re-encode across that
-step's chunks, so the two differ by the step's shared overhead (seen: 2.7%)."""
+step's chunks, so the two differ by the step's shared overhead (seen: 2.2%)."""
 
 
 @pytest.mark.parametrize("window", ("recompute", "kept"))

@@ -31,7 +31,7 @@ workload:
   num_adapters: 3
   num_output_tokens: 64
   arrival_rate_per_s: 12.0
-slo: {ttft_p99_s: 0.5, tpot_p99_s: 0.05}
+slo: {ttft_p99_s: 2.0, tpot_p99_s: 0.05}
 search:
   gpus: [H100-SXM, A100-80GB]
   max_num_replicas: 8
