@@ -91,6 +91,7 @@ class SlurmCluster:
     root: Path
     env: dict
     daemons: list = field(default_factory=list)
+    jobs: list = field(default_factory=list)
 
     def run(self, *args, check=True) -> subprocess.CompletedProcess:
         return subprocess.run(list(args), env=self.env, capture_output=True, text=True,
@@ -102,7 +103,8 @@ class SlurmCluster:
                               env={**(env or os.environ), "SLURM_CONF": self.env["SLURM_CONF"]},
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, f"sbatch failed: {done.stderr}"
-        return done.stdout.strip().split(";")[0]
+        self.jobs.append(done.stdout.strip().split(";")[0])
+        return self.jobs[-1]
 
     def job(self, job_id: str) -> dict:
         """`scontrol show job` as a dict (JobState, ExitCode, StdOut, ...)."""
@@ -119,6 +121,15 @@ class SlurmCluster:
                          sorted(self.root.glob("*.log")))
 
     def stop(self) -> None:
+        """Cancel the jobs still running (their processes are slurmd's, not ours: a job left
+        running would outlive the daemons), then stop the daemons."""
+        if self.daemons and self.jobs:
+            self.run("scancel", *self.jobs, check=False)
+            try:
+                for job_id in self.jobs:
+                    self.wait(job_id, 60)
+            except (TimeoutError, subprocess.SubprocessError):
+                pass  # the daemons are stopped all the same
         for proc in reversed(self.daemons):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
