@@ -13,6 +13,12 @@ Three checks, none on data the fit saw:
    (`calibrate.gpu_runs`), median |error| of throughput, TTFT and TPOT p50/p99 per model, by
    max_loras and by adapter ranks. TTFT of runs whose measured throughput falls short of the
    offered rate (a queue that grows for the whole hour) is left out: it depends on the window.
+
+The runs' errors are also written beside the profile as `<profile>.validation.json`, which
+the planner's intervals read. The profiles scaled from this fit (`calibrate.gpu_scaled`) get
+none on purpose: scaling by peak FLOP/s and bandwidth adds an error nobody measured, and
+lending them the source's band would print it as measured; their plans say "no measured
+error".
 """
 
 from __future__ import annotations
@@ -197,6 +203,45 @@ NOTES = """## What the errors say
   the host-to-device time."""
 
 
+VALIDATED = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
+"""Run metrics the profile's validation carries for the planner's intervals. Throughput is
+left out: an unsaturated open-loop run's throughput is its offered rate, which any model
+matches, and a saturated run's window is too short to measure the capacity (see NOTES)."""
+
+
+def profile_validation(result: dict) -> dict:
+    """`<profile>.validation.json` (read by `planner.predict.intervals`): one row per held-out
+    serving run and metric with the signed error, and per metric the median and quantiles of
+    the errors. TTFT of saturated runs is left out, as in the run table."""
+    rows = []
+    for run in result["runs"]["rows"]:
+        workload = (f"{run['model']} max_loras {run['max_loras']} adapters "
+                    f"{run['num_adapters']} ranks {run['ranks']} "
+                    f"{run['offered_rps']:.3g} req/s open loop")
+        for metric in VALIDATED:
+            error = run["error"][metric]
+            if error is None or (metric.startswith("ttft") and run["is_saturated"]):
+                continue
+            rows.append(dict(workload=workload, run_id=run["run_id"], metric=metric,
+                             measured_median=run["measured"][metric],
+                             predicted=run["predicted"][metric], error=error))
+    summary = []
+    for metric in VALIDATED:
+        errors = np.asarray([r["error"] for r in rows if r["metric"] == metric], dtype=float)
+        if errors.size:
+            q05, q50, q95 = np.quantile(errors, [0.05, 0.5, 0.95])
+            summary.append(dict(metric=metric, num_rows=int(errors.size),
+                                median_error=float(q50), q05_error=float(q05),
+                                q95_error=float(q95),
+                                median_abs_error=float(np.median(np.abs(errors)))))
+    return dict(profile=result["profile"], command=result["command"],
+                source="docs/validation-gpu.json (section runs)",
+                window_s=result["runs"]["window_s"],
+                left_out="throughput (see VALIDATED in calibrate/gpu_validate.py); TTFT of "
+                         "saturated runs (their queue grows for the whole run)",
+                summary=summary, rows=rows)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--every", type=int, default=8)
@@ -219,6 +264,8 @@ def main(argv=None) -> None:
     (DOCS / "validation-gpu.json").write_text(json.dumps(result, indent=1) + "\n",
                                               encoding="utf-8")
     (DOCS / "validation-gpu.md").write_text(render_markdown(result), encoding="utf-8")
+    (PROFILES_DIR / f"{PROFILE_NAME}.validation.json").write_text(
+        json.dumps(profile_validation(result), indent=1) + "\n", encoding="utf-8")
     for r in result["runs"]["summary"][:1]:
         print("runs:", {m: _pct(r[m]) for m in METRICS})
 

@@ -91,3 +91,34 @@ def test_a_plan_row_prints_each_p99_with_its_interval_and_the_confidence_cost():
         "(90% intervals); the confidence costs +2 GPUs over the point estimate")
     assert plan_row_text({"e2e_p99_s": 2.0}, None, 0.9) == (
         "p99 E2E 2 s (2-2) (90% intervals; no measured error: seeds only)")
+
+
+def test_a_plan_priced_by_the_h100_64gb_profile_prints_a_measured_interval():
+    # The fitted H100-64GB profile carries its held-out serving-run errors (TTFT and TPOT
+    # came out low on those runs, so the interval reaches above the point estimate); the
+    # scaled profiles carry none and say so.
+    from planner.predict.intervals import plan_row_text, pricing_errors
+    from planner.scenario.loading import load_scenario
+
+    scenario = load_scenario("scenarios/default.yaml")
+    row = dict(ttft_p99_s=0.5, tpot_p99_s=0.05)
+    h100 = pricing_errors(scenario, "H100-64GB")
+    assert h100 is not None and h100.profile == "h100-64gb-vllm085-llama-3.1-8b"
+    text = plan_row_text(row, h100, 0.9)
+    assert "no measured error" not in text
+    ttft_high = float(text.split("p99 TTFT 0.5 s (")[1].split(")")[0].split("-")[1])
+    assert ttft_high > 0.5
+    scaled = pricing_errors(scenario, "H200")
+    assert scaled is None
+    assert "no measured error: seeds only" in plan_row_text(row, scaled, 0.9)
+
+
+def test_the_h100_validation_beside_the_profile_is_the_one_the_gpu_validation_wrote():
+    from calibrate.gpu_validate import DOCS, profile_validation
+    from sim.cost.profile import PROFILES_DIR
+
+    shipped = json.loads((PROFILES_DIR / "h100-64gb-vllm085-llama-3.1-8b.validation.json")
+                         .read_text(encoding="utf-8"))
+    result = json.loads((DOCS / "validation-gpu.json").read_text(encoding="utf-8"))
+    assert shipped == json.loads(json.dumps(profile_validation(result)))
+    assert not any(r["metric"].startswith("throughput") for r in shipped["rows"])
