@@ -20,8 +20,10 @@ from planner.outputs import sim_figures
 from planner.outputs.plan_figures import (
     COMPARISON_FIGURES,
     pareto_figure,
+    plan_latency_figure,
     sim_latency_figure,
 )
+from planner.outputs.interval_columns import plan_intervals, summary_intervals
 from planner.outputs.plan_table import people_plan_table
 from planner.outputs.report import ReportSection, render_html, timestamp, write_table
 from planner.predict.analysis import run_comparisons, tidy
@@ -113,7 +115,9 @@ def _plan_sections(plans: pd.DataFrame, trials: pd.DataFrame,
               .dropna().unique()}
     runner_ups = trials[trials["kind"] == "runner_up"] if not trials.empty else trials
     at_target = trials[trials["kind"] == "trial"] if not trials.empty else trials
-    figures = [pareto_figure(at_target)] if not at_target.empty else []
+    feasible = plans["is_feasible"].astype(bool).any()
+    figures = [plan_latency_figure(plan_intervals(plans, scenario))] if feasible else []
+    figures += [pareto_figure(at_target)] if not at_target.empty else []
     table = people_plan_table(plans, errors, confidence)
     return [ReportSection("Capacity plan", text, figures, [table]),
             ReportSection("Runner-ups", "Other verified deployments, cheapest first."
@@ -137,8 +141,8 @@ def _verify_sections(path: Path, name: str) -> list[ReportSection]:
                                         data.get("failed", [])))]
 
 
-def _sim_sections(summary: pd.DataFrame, turns: pd.DataFrame,
-                  timeseries: pd.DataFrame) -> list[ReportSection]:
+def _sim_sections(summary: pd.DataFrame, turns: pd.DataFrame, timeseries: pd.DataFrame,
+                  scenario: Scenario) -> list[ReportSection]:
     if summary.empty:
         return []
     text = ("Every strategy simulated on the scenario's own hardware and workload: throughput, "
@@ -150,7 +154,8 @@ def _sim_sections(summary: pd.DataFrame, turns: pd.DataFrame,
                  f"every number covers the turns finished inside the window, rates are over the "
                  f"window, and num_turns_unfinished_in_window counts the others (under overload "
                  f"the slowest turns are among them).")
-    figures = [sim_latency_figure(summary), sim_figures.throughput_figure(summary)]
+    charted = summary_intervals(summary, scenario)
+    figures = [sim_latency_figure(charted), sim_figures.throughput_figure(charted)]
     if not turns.empty:
         figures += [sim_figures.latency_cdf_figure(turns, "ttft_s"),
                     sim_figures.hop_breakdown_figure(turns),
@@ -226,7 +231,7 @@ def run_scenario_file(
                 + _plan_sections(frames["plans"], frames["plan_trials"], scenario)
                 + _verify_sections(out_dir / "verify" / "verify.json", scenario.name)
                 + _sim_sections(frames["sim_summary"], frames["sim_turns"],
-                                frames["sim_timeseries"])
+                                frames["sim_timeseries"], scenario)
                 + _sections(comparisons))
     if errors:
         failed = pd.DataFrame([{"point": k, "error": v} for k, v in errors.items()])

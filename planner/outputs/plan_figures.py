@@ -6,7 +6,13 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from planner.outputs.sim_figures import strategy_colors
+from planner.outputs.sim_figures import (
+    error_bars,
+    interval_hover,
+    interval_note,
+    strategy_colors,
+    with_note,
+)
 
 _LAYOUT = dict(template="plotly_white", height=420, legend_title_text="strategy")
 
@@ -98,18 +104,45 @@ _PERCENTILE_NAMES = {"ttft_p50_s": "TTFT p50", "ttft_p99_s": "TTFT p99", "tpot_p
                      "e2e_p99_s": "end-to-end p99"}
 
 
-def sim_latency_figure(summary: pd.DataFrame) -> go.Figure:
-    """p50 and p99 of TTFT, TPOT and end-to-end per strategy, from the simulation."""
-    cols = [c for c in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s",
-                        "e2e_p99_s") if c in summary.columns]
-    long = summary.melt(id_vars=["strategy"], value_vars=cols, var_name="metric",
-                        value_name="seconds")
-    long["metric"] = long["metric"].map(_PERCENTILE_NAMES)
+def _long_latencies(table: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
+    """One row per (strategy, percentile) with its interval's distances below and above."""
+    rows = []
+    for _, row in table.iterrows():
+        for col in cols:
+            value = float(row[col])
+            low, high = row.get(f"{col}_low", value), row.get(f"{col}_high", value)
+            rows.append({"strategy": row["strategy"], "metric": _PERCENTILE_NAMES[col],
+                         "seconds": value, "plus": max(high - value, 0.0),
+                         "minus": max(value - low, 0.0),
+                         "interval": interval_hover(pd.DataFrame([row]), col)[0]})
+    return pd.DataFrame(rows)
+
+
+def _latency_bars(table: pd.DataFrame, cols: list[str], title: str) -> go.Figure:
+    long = _long_latencies(table, cols)
+    bars = any(f"{c}_low" in table for c in cols)
     fig = px.bar(long, x="metric", y="seconds", color="strategy", barmode="group", log_y=True,
-                 color_discrete_map=_colors(summary),
+                 color_discrete_map=_colors(table),
+                 error_y="plus" if bars else None, error_y_minus="minus" if bars else None,
+                 hover_data={"interval": True, "plus": False, "minus": False},
                  labels={"metric": "latency percentile", "seconds": "latency (s, log)"},
-                 title="Simulated latency on the scenario's hardware")
+                 title=with_note(title, interval_note(table, cols)))
     return fig.update_layout(**_LAYOUT)
+
+
+def sim_latency_figure(summary: pd.DataFrame) -> go.Figure:
+    """p50 and p99 of TTFT, TPOT and end-to-end per strategy, from the simulation; error bars
+    from the interval columns where the summary has them."""
+    cols = [c for c in _PERCENTILE_NAMES if c in summary.columns]
+    return _latency_bars(summary, cols, "Simulated latency on the scenario's hardware")
+
+
+def plan_latency_figure(plans: pd.DataFrame) -> go.Figure:
+    """p99 TTFT, TPOT and end-to-end of each strategy's chosen deployment, with the interval
+    the plan table prints as error bars."""
+    data = plans[plans["is_feasible"].astype(bool)]
+    cols = [c for c in ("ttft_p99_s", "tpot_p99_s", "e2e_p99_s") if c in data.columns]
+    return _latency_bars(data, cols, "Capacity plan: p99 latency of each chosen deployment")
 
 
 def plan_figure(plans: pd.DataFrame) -> go.Figure:
@@ -136,6 +169,7 @@ def variants_figure(summary: pd.DataFrame, metric: str, unit: str) -> go.Figure:
         colors = list(_colors(group).get(s, None) for s in group["strategy"])
         fig.add_trace(go.Bar(name=str(variant), x=group["strategy"], y=group[metric],
                              marker_color=colors, marker_pattern_shape="" if i == 0 else "/",
+                             error_y=error_bars(group, metric),
                              hovertemplate="%{x}: %{y:.4g}<extra>" + str(variant) + "</extra>"))
     fig.update_layout(barmode="group", title=f"{unit}: before vs after", xaxis_title="strategy",
                       yaxis_title=unit, **{**_LAYOUT, "legend_title_text": "variant"})

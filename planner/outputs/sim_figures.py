@@ -44,6 +44,42 @@ _METRIC_NAMES = {"ttft_s": "time to first token", "tpot_s": "time per output tok
                  "e2e_s": "end-to-end latency per turn"}
 
 
+def error_bars(df: pd.DataFrame, metric: str) -> dict | None:
+    """Plotly `error_y` of `metric` from its interval columns (`<metric>_low/_high`, written by
+    planner.outputs.interval_columns); None where the table has no interval."""
+    if f"{metric}_low" not in df or f"{metric}_high" not in df:
+        return None
+    value = df[metric].astype(float)
+    return dict(type="data", symmetric=False, visible=True, thickness=1.5, width=4,
+                array=(df[f"{metric}_high"] - value).clip(lower=0).tolist(),
+                arrayminus=(value - df[f"{metric}_low"]).clip(lower=0).tolist())
+
+
+def interval_note(df: pd.DataFrame, metrics) -> str:
+    """What the error bars show: the interval, and "no measured error" where a bar's profile
+    has none (its bar is the seeds' spread only)."""
+    flags = [df[f"{m}_measured_error"] for m in metrics if f"{m}_measured_error" in df]
+    if not flags:
+        return ""
+    if all(f.astype(bool).all() for f in flags):
+        return "error bars: seeds' spread widened by the profile's measured error"
+    return "error bars: seeds' spread only where the profile has no measured error"
+
+
+def interval_hover(df: pd.DataFrame, metric: str) -> list[str]:
+    """Per row: the interval in words for a hover label."""
+    if f"{metric}_low" not in df:
+        return [""] * len(df)
+    flags = df.get(f"{metric}_measured_error", pd.Series(True, index=df.index))
+    return [f"interval {lo:.3g}-{hi:.3g}" + ("" if ok else " (seeds only: no measured error)")
+            for lo, hi, ok in zip(df[f"{metric}_low"], df[f"{metric}_high"], flags, strict=True)]
+
+
+def with_note(title: str, note: str) -> str:
+    """A chart title with its error-bar note as a subtitle."""
+    return f"{title}<br><sup>{note}</sup>" if note else title
+
+
 def combine(results: dict, table: str) -> pd.DataFrame:
     """One table (`turns`, `requests`, `timeseries`, ...) of several results, with `strategy`."""
     frames = [getattr(r, table).assign(strategy=label) for label, r in results.items()]
@@ -166,16 +202,24 @@ def kv_namespace_figure(kv_by_namespace: pd.DataFrame) -> go.Figure:
 
 
 def throughput_figure(summary: pd.DataFrame) -> go.Figure:
-    """Output tokens per second and goodput per strategy."""
+    """Output tokens per second and goodput per strategy, with error bars where the summary
+    has interval columns."""
     colors = [strategy_color(str(s)) for s in summary["strategy"]]
+    metrics = ("output_tokens_per_s", "goodput_turns_per_s")
+    hover = "%{x}: %{y:.4g}<br>%{customdata}<extra>%{fullData.name}</extra>"
     fig = go.Figure([
-        go.Bar(name="output tokens/s", x=summary["strategy"], y=summary["output_tokens_per_s"],
-               marker_color=colors, yaxis="y", offsetgroup=0),
+        go.Bar(name="output tokens/s", x=summary["strategy"], y=summary[metrics[0]],
+               marker_color=colors, yaxis="y", offsetgroup=0,
+               error_y=error_bars(summary, metrics[0]),
+               customdata=interval_hover(summary, metrics[0]), hovertemplate=hover),
         go.Bar(name="goodput turns/s (right axis)", x=summary["strategy"],
-               y=summary["goodput_turns_per_s"], marker_color=colors, marker_pattern_shape="/",
-               yaxis="y2", offsetgroup=1),
+               y=summary[metrics[1]], marker_color=colors, marker_pattern_shape="/",
+               yaxis="y2", offsetgroup=1, error_y=error_bars(summary, metrics[1]),
+               customdata=interval_hover(summary, metrics[1]), hovertemplate=hover),
     ])
-    fig.update_layout(barmode="group", title="Throughput and goodput (turns within the SLOs)",
+    title = with_note("Throughput and goodput (turns within the SLOs)",
+                      interval_note(summary, metrics))
+    fig.update_layout(barmode="group", title=title,
                       xaxis_title="strategy", yaxis_title="output tokens per second (tokens/s)",
                       yaxis2=dict(title="goodput (turns/s)", overlaying="y", side="right",
                                   rangemode="tozero", tickformat=".2~f", showgrid=False),

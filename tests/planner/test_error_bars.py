@@ -1,0 +1,76 @@
+"""The charts' error bars are the interval the tables print: interval columns written by the
+planner from the profile's measured errors, drawn by the pure figure builders."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from planner.outputs.interval_columns import with_intervals
+from planner.outputs.plan_figures import plan_latency_figure, sim_latency_figure
+from planner.outputs.plan_table import people_plan_table
+from planner.outputs.sim_figures import throughput_figure
+from planner.predict.intervals import ProfileErrors
+
+ERRORS = ProfileErrors("h100-test", {"ttft_p99_s": (-0.2, 0.0, 0.25),
+                                     "throughput_tokens_per_s": (0.1, -0.1)})
+
+
+def _plans() -> pd.DataFrame:
+    return pd.DataFrame([
+        dict(strategy="lora", gpu="H100", is_feasible=True, num_gpus=2, tensor_parallel_size=1,
+             num_replicas=2, cost_per_hour_usd=6.0, max_num_seqs=64, max_loras=8,
+             ttft_p99_s=0.5, ttft_p99_s_min=0.4, ttft_p99_s_max=0.6, output_tokens_per_s=900.0),
+        dict(strategy="direft", gpu="L4", is_feasible=True, num_gpus=1, tensor_parallel_size=1,
+             num_replicas=1, cost_per_hour_usd=1.0, max_num_seqs=64, max_loras=8,
+             ttft_p99_s=0.8, ttft_p99_s_min=0.7, ttft_p99_s_max=1.0, output_tokens_per_s=300.0),
+    ])
+
+
+def test_plan_chart_error_bars_are_the_table_interval() -> None:
+    plans = _plans()
+    errors = {"H100": ERRORS, "L4": None}
+    fig = plan_latency_figure(with_intervals(plans, errors, 0.9))
+    table = people_plan_table(plans, errors, 0.9)
+    for trace in fig.data:
+        row = plans[plans["strategy"] == trace.name].iloc[0]
+        cell = table[table["Strategy"] == trace.name]["p99 TTFT (s)"].iloc[0]
+        low, high = (float(x) for x in cell.split("(")[1].rstrip(")").split("-"))
+        value = trace.y[0]
+        assert value == pytest.approx(row["ttft_p99_s"])
+        # The bar spans the interval the table prints (to the table's rounding).
+        assert value - trace.error_y.arrayminus[0] == pytest.approx(low, rel=0.01)
+        assert value + trace.error_y.array[0] == pytest.approx(high, rel=0.01)
+    lora = next(t for t in fig.data if t.name == "lora")
+    direft = next(t for t in fig.data if t.name == "direft")
+    # The measured error widens the seeds' spread; without one the bar is the spread itself.
+    assert lora.error_y.array[0] > 0.6 - 0.5 and lora.error_y.arrayminus[0] > 0.5 - 0.4
+    assert direft.error_y.array[0] == pytest.approx(0.2)
+    assert direft.error_y.arrayminus[0] == pytest.approx(0.1)
+    assert "no measured error" in fig.layout.title.text
+    assert "no measured error" in " ".join(direft.customdata[:, 0])
+
+
+def test_sim_charts_error_bars_from_single_run_summary() -> None:
+    summary = pd.DataFrame([dict(strategy="lora", ttft_p50_s=0.1, ttft_p99_s=0.5,
+                                 output_tokens_per_s=1000.0, goodput_turns_per_s=2.0)])
+    charted = with_intervals(summary, {"H100": ERRORS}, 0.9, default_gpu="H100")
+    latency = sim_latency_figure(charted)
+    p99 = latency.data[0]
+    i = list(p99.x).index("TTFT p99")
+    # No seeds' spread: the bar is the profile's measured band alone, 0.5 / (1 + e).
+    assert p99.error_y.array[i] > 0 and p99.error_y.arrayminus[i] > 0
+    assert 0.5 + p99.error_y.array[i] <= 0.5 / (1 - 0.2) + 1e-9
+    p50 = list(p99.x).index("TTFT p50")  # no measured error for p50: no band, says so
+    assert p99.error_y.array[p50] == 0
+    tput = throughput_figure(charted)
+    assert tput.data[0].error_y.array[0] > 0
+    assert tput.data[1].error_y.array[0] == 0
+    assert "no measured error" in tput.layout.title.text
+
+
+def test_no_interval_columns_no_error_bars() -> None:
+    summary = pd.DataFrame([dict(strategy="lora", ttft_p99_s=0.5, output_tokens_per_s=1.0,
+                                 goodput_turns_per_s=1.0)])
+    assert sim_latency_figure(summary).data[0].error_y.array is None
+    assert throughput_figure(summary).data[0].error_y.array is None
