@@ -11,13 +11,10 @@ import streamlit as st
 
 from app import compute, layout, state
 from planner.jobs.dashboard import pricing, recommendation, stored_plan
+from planner.outputs.interval_columns import summary_intervals
 from planner.outputs.plan_figures import sim_latency_figure
+from planner.outputs.plan_table import people_summary_table
 from planner.outputs.sim_figures import throughput_figure
-
-SUMMARY_COLUMNS = (
-    "strategy", "turns_per_s", "output_tokens_per_s", "goodput_turns_per_s", "slo_attainment",
-    "ttft_p50_s", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "misroute_rate", "num_preemptions",
-    "num_replay_tokens", "num_recomputed_tokens")
 
 
 def main() -> None:
@@ -46,11 +43,11 @@ def main() -> None:
         st.error(f"{label}: simulation failed: {error}")
     if sim.summary.empty:
         return
+    charted = summary_intervals(sim.summary, scenario)
     left, right = st.columns(2)
-    left.plotly_chart(throughput_figure(sim.summary), width="stretch")
-    right.plotly_chart(sim_latency_figure(sim.summary), width="stretch")
-    st.dataframe(sim.summary[[c for c in SUMMARY_COLUMNS if c in sim.summary]],
-                 hide_index=True, key="overview_summary")
+    left.plotly_chart(throughput_figure(charted), width="stretch")
+    right.plotly_chart(sim_latency_figure(charted), width="stretch")
+    st.dataframe(people_summary_table(charted), hide_index=True, key="overview_summary")
 
 
 main()

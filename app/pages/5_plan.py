@@ -4,11 +4,13 @@ cancelled; finished strategies are kept in the same store as `molcap run`."""
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from app import layout, state
 from planner.jobs.dashboard import PlanJob, PlanTables, plan_headline, stored_plan
-from planner.outputs.plan_figures import pareto_figure, plan_figure
+from planner.outputs.interval_columns import plan_intervals
+from planner.outputs.plan_figures import pareto_figure, plan_figure, plan_latency_figure
 from planner.outputs.plan_table import people_plan_table
 from planner.predict.intervals import DEFAULT_CONFIDENCE, pricing_errors
 
@@ -47,10 +49,14 @@ def _show(scenario, plan: PlanTables) -> None:
     headline = plan_headline(scenario, plan)
     if headline:
         st.success(headline)
+    confidence = scenario.search.confidence or DEFAULT_CONFIDENCE
+    gpus = {*feasible.get("gpu", pd.Series()).dropna(),
+            *plan.runner_ups.get("gpu", pd.Series()).dropna()}
+    errors = {gpu: pricing_errors(scenario, gpu) for gpu in gpus}
     if not feasible.empty:
-        st.plotly_chart(plan_figure(plans), width="stretch")
-        confidence = scenario.search.confidence or DEFAULT_CONFIDENCE
-        errors = {gpu: pricing_errors(scenario, gpu) for gpu in feasible["gpu"].unique()}
+        left, right = st.columns(2)
+        left.plotly_chart(plan_figure(plans), width="stretch")
+        right.plotly_chart(plan_latency_figure(plan_intervals(plans, scenario)), width="stretch")
         st.caption(f"Each value with its {confidence:.0%} interval: the seeds' spread widened "
                    "by the measured error of the profile that priced it. The raw table is a "
                    "CSV/parquet download of `molcap run`.")
@@ -63,7 +69,8 @@ def _show(scenario, plan: PlanTables) -> None:
         st.plotly_chart(pareto_figure(plan.trials), width="stretch")
     if not plan.runner_ups.empty:
         with st.expander(f"runner-ups ({len(plan.runner_ups)})"):
-            st.dataframe(plan.runner_ups, hide_index=True)
+            st.dataframe(people_plan_table(plan.runner_ups.assign(is_feasible=True), errors,
+                                           confidence), hide_index=True)
     for key, error in plan.errors.items():
         st.error(f"{key}: {error}")
 

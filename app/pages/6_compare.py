@@ -6,6 +6,7 @@ import streamlit as st
 
 from app import compute, knobs, layout, state
 from planner.jobs.dashboard import COMPARED_METRICS, compare_summaries
+from planner.outputs.interval_columns import variants_intervals
 from planner.outputs.plan_figures import variants_figure
 from planner.scenario.editing import field_value, set_field
 from planner.scenario.loading import ScenarioError
@@ -60,6 +61,7 @@ def main() -> None:
                                                       **after_sim.errors}.items()))
         return
     stacked, changes = compare_summaries(before_sim.summary, after_sim.summary)
+    stacked = variants_intervals(stacked, {"before": whatif, "after": after})
     st.markdown(f"**{path}**: `{field_value(scenario, path)}` → `{value}`")
     metrics = [m for m in COMPARED_METRICS if m in stacked]
     for left_metric, right_metric in zip(metrics[::2], metrics[1::2], strict=False):

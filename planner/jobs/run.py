@@ -17,14 +17,14 @@ from planner.jobs.strategy_points import (
     turns_cut_note,
 )
 from planner.outputs import sim_figures
+from planner.outputs.interval_columns import plan_intervals, summary_intervals
 from planner.outputs.plan_figures import (
     COMPARISON_FIGURES,
     pareto_figure,
     plan_latency_figure,
     sim_latency_figure,
 )
-from planner.outputs.interval_columns import plan_intervals, summary_intervals
-from planner.outputs.plan_table import people_plan_table
+from planner.outputs.plan_table import people_plan_table, people_summary_table
 from planner.outputs.report import ReportSection, render_html, timestamp, write_table
 from planner.predict.analysis import run_comparisons, tidy
 from planner.predict.intervals import DEFAULT_CONFIDENCE, pricing_errors
@@ -163,7 +163,10 @@ def _sim_sections(summary: pd.DataFrame, turns: pd.DataFrame, timeseries: pd.Dat
                     sim_figures.switch_cost_figure(turns)]
     if not timeseries.empty:
         figures.append(sim_figures.timeseries_figure(timeseries, "kv_blocks_used"))
-    return [ReportSection("Simulation", text, figures, [summary])]
+    text += (" Each value with its interval where the profile that priced it has a measured "
+             "error (a value alone where it has none: no measured error); every column is in "
+             "the table files (CSV, parquet).")
+    return [ReportSection("Simulation", text, figures, [people_summary_table(charted)])]
 
 
 def _collect(records: dict[str, dict]) -> tuple[dict[str, pd.DataFrame], dict[str, str]]:

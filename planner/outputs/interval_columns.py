@@ -60,3 +60,10 @@ def plan_intervals(plans: pd.DataFrame, scenario) -> pd.DataFrame:
     gpus = plans["gpu"].dropna().unique() if "gpu" in plans else []
     errors = {gpu: pricing_errors(scenario, gpu) for gpu in gpus}
     return with_intervals(plans, errors, _confidence(scenario))
+
+
+def variants_intervals(stacked: pd.DataFrame, scenarios: Mapping[str, object]) -> pd.DataFrame:
+    """Stacked variant summaries (column `variant`), each variant priced by its own scenario."""
+    parts = [summary_intervals(group, scenarios[str(variant)])
+             for variant, group in stacked.groupby("variant", sort=False)]
+    return pd.concat(parts) if parts else stacked

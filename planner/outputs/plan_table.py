@@ -72,3 +72,44 @@ def people_plan_table(plans: pd.DataFrame, errors_by_gpu: Mapping[str, ProfileEr
         out[f"Interval ({confidence:.0%})"] = error_source(errors)
         rows.append(out)
     return pd.DataFrame(rows).fillna("")
+
+
+SUMMARY_COLUMNS = (("turns_per_s", "Turns (/s)", 1.0),
+                   ("output_tokens_per_s", "Output (tok/s)", 1.0),
+                   ("goodput_turns_per_s", "Goodput (turns/s)", 1.0),
+                   ("slo_attainment", "SLO attainment (%)", 100.0),
+                   ("ttft_p50_s", "p50 TTFT (s)", 1.0), ("ttft_p99_s", "p99 TTFT (s)", 1.0),
+                   ("tpot_p99_s", "p99 TPOT (ms)", 1e3), ("e2e_p99_s", "p99 E2E (s)", 1.0),
+                   ("misroute_rate", "Misroutes (%)", 100.0),
+                   ("num_preemptions", "Preemptions", 1.0))
+"""(summary column, name with unit, scale) of the simulation summary shown to people."""
+
+
+def _charted_cell(row: Mapping, metric: str, scale: float) -> str:
+    """`value (low-high)` from the interval columns (planner.outputs.interval_columns), the
+    value alone where the table has none; `*` marks a band with no measured error."""
+    value = row.get(metric)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    text = rounded(value * scale)
+    low, high = row.get(f"{metric}_low"), row.get(f"{metric}_high")
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+        return text
+    if not row.get(f"{metric}_measured_error", True):
+        return text if low == high else f"{text} (seeds {rounded(low * scale, 2)}-" \
+                                        f"{rounded(high * scale, 2)})"
+    return f"{text} ({rounded(low * scale, 2)}-{rounded(high * scale, 2)})"
+
+
+def people_summary_table(charted: pd.DataFrame) -> pd.DataFrame:
+    """The simulation summary for people: one row per strategy, named columns with units,
+    rounded values, each predicted value's interval beside it where it has one (a metric the
+    profile has no measured error for shows its value alone)."""
+    rows = []
+    for row in charted.to_dict(orient="records"):
+        out = {"Strategy": row["strategy"]}
+        for metric, name, scale in SUMMARY_COLUMNS:
+            if metric in row:
+                out[name] = _charted_cell(row, metric, scale)
+        rows.append(out)
+    return pd.DataFrame(rows)

@@ -36,7 +36,10 @@ CHART_PAGES = {
 
 
 def _summary(at):
-    return at.dataframe[0].value.set_index("strategy")
+    """The overview's people table (named columns, rounded values) with its turns/s as numbers."""
+    table = at.dataframe[0].value.set_index("Strategy")
+    turns = table["Turns (/s)"].str.replace(",", "").astype(float)
+    return table.assign(turns_per_s=turns)
 
 
 def test_overview_opens_on_the_default_scenario_with_results(in_workdir):
@@ -89,7 +92,8 @@ def test_chart_pages_draw_their_charts_from_data(in_workdir, page, titles):
     at = open_app(page)
     no_exceptions(at)
     charts = _charts(at)
-    assert [c["layout"]["title"]["text"] for c in charts] == titles
+    # A bar chart's error-bar note is a subtitle under its title.
+    assert [c["layout"]["title"]["text"].split("<br>")[0] for c in charts] == titles
     for chart in charts:
         assert chart["data"], chart["layout"]["title"]
         for trace in chart["data"]:
@@ -99,12 +103,20 @@ def test_chart_pages_draw_their_charts_from_data(in_workdir, page, titles):
 
 def test_latency_bars_are_the_summary_numbers(in_workdir):
     at = open_app("pages/2_latency.py")
-    summary = at.dataframe[0].value
+    summary = next(d.value for d in at.dataframe if "strategy" in d.value)  # the raw table
     bars = _traces(_charts(at)[0])
     for name, column in (("output tokens/s", "output_tokens_per_s"),
                          ("goodput turns/s (right axis)", "goodput_turns_per_s")):
         assert list(bars[name]["x"]) == list(summary["strategy"])
         np.testing.assert_allclose(bars[name]["y"], summary[column].to_numpy(), rtol=1e-12)
+    # Error bars on every bar, from the planner's interval columns; a profile without a
+    # measured error says so (a single run has no seeds' spread: zero-length bars).
+    chart = _charts(at)[0]
+    for trace in chart["data"]:
+        plus = _array(trace["error_y"]["array"])
+        assert plus.size == len(summary) and (plus >= 0).all()
+        if not plus.any():
+            assert "no measured error" in chart["layout"]["title"]["text"]
 
 
 def test_kv_in_use_stays_within_each_strategys_pool(in_workdir):
