@@ -159,10 +159,13 @@ def _print_plan(result) -> None:
             console.print(f"  {row['strategy']:<22} infeasible: {row.get('reason')}")
     for key, message in result.errors.items():
         errors.print(f"point {key} failed: {message}", markup=False)
+    from planner.scenario.accuracy_notes import accuracy_notes
     from planner.scenario.pricing import pricing_sources
 
     for label, source in pricing_sources(result.scenario).items():
         console.print(f"  {label} priced by {source}")
+    for label, note in accuracy_notes(result.scenario).items():
+        console.print(f"  {label} {note}", markup=False)
     console.print(f"report: {result.report_path}")
     console.print(f"tables: {result.table_paths[0].parent} (parquet and CSV)")
 

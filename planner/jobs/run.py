@@ -28,6 +28,7 @@ from planner.outputs.plan_table import people_plan_table, people_summary_table
 from planner.outputs.report import ReportSection, render_html, timestamp, write_table
 from planner.predict.analysis import run_comparisons, tidy
 from planner.predict.intervals import DEFAULT_CONFIDENCE, pricing_errors
+from planner.scenario.accuracy_notes import accuracy_notes
 from planner.scenario.loading import load_scenario
 from planner.scenario.pricing import pricing_sources
 from planner.scenario.schema import Scenario
@@ -83,6 +84,9 @@ class RunResult:
     """One line each on what the run did not do and why (an offline scenario is not planned)."""
 
 
+ACCURACY_NOTE = ("The share of routed turns sent to the right adapter, as the simulation "
+                 "samples misroutes (the mean over seeds where a router card measured it; "
+                 "the spread over seeds beside it) and where the figure comes from.")
 PRICING_NOTE = ("Which coefficients priced every step time below: a fitted profile (molcap "
                 "calibrate; its measured error is in the profile file and docs/validation.md) or "
                 "the assumed defaults of the GPU kind.")
@@ -95,6 +99,15 @@ def _sections(comparisons: dict[str, pd.DataFrame]) -> list[ReportSection]:
         figures = [COMPARISON_FIGURES[name](df)] if name in COMPARISON_FIGURES else []
         sections.append(ReportSection(title, text, figures, [df]))
     return sections
+
+
+def _accuracy_sections(scenario: Scenario) -> list[ReportSection]:
+    """The router accuracy each routed strategy runs on: its seed spread and its source."""
+    notes = accuracy_notes(scenario)
+    if not notes:
+        return []
+    table = pd.DataFrame([{"strategy": k, "router accuracy": v} for k, v in notes.items()])
+    return [ReportSection("Router accuracy", ACCURACY_NOTE, [], [table])]
 
 
 def _plan_sections(plans: pd.DataFrame, trials: pd.DataFrame,
@@ -231,6 +244,7 @@ def run_scenario_file(
     sections = ([ReportSection("Capacity plan" if note == OFFLINE_NOTE else "Turn table", note)
                  for note in notes]
                 + [ReportSection("Cost profile", PRICING_NOTE, [], [pricing])]
+                + _accuracy_sections(scenario)
                 + _plan_sections(frames["plans"], frames["plan_trials"], scenario)
                 + _verify_sections(out_dir / "verify" / "verify.json", scenario.name)
                 + _sim_sections(frames["sim_summary"], frames["sim_turns"],

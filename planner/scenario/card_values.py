@@ -42,11 +42,20 @@ def _matching_setting(card: RouterCard, adapters: list[str], where: str) -> Sett
                             f"{len(adapters)} adapters {adapters}; the card's settings: {known}")
 
 
-def _card_fields(strategy, card: RouterCard, setting: SettingResult) -> dict:
+def _card_point(card: RouterCard, s: SettingResult, file_name: str) -> AccuracyPoint:
+    """One setting's accuracy: the seed mean (what the simulator samples misroutes with), its
+    spread over seeds, and where it was measured (kept for the output)."""
+    return AccuracyPoint(num_domains=s.num_options, accuracy=s.accuracy_mean,
+                         accuracy_std=s.accuracy_std,
+                         source=f"router card {file_name}: {card.router} on {card.model}, "
+                                f"setting {s.setting}, {len(card.seeds)} seeds")
+
+
+def _card_fields(strategy, card: RouterCard, setting: SettingResult, file_name: str) -> dict:
     """Fields the card fills: the accuracy curve and the decision work the user left unset."""
-    curve = {s.num_options: s.accuracy_mean for s in card.settings}
-    fields: dict = {"router_accuracy_curve": tuple(AccuracyPoint(num_domains=n, accuracy=a)
-                                                   for n, a in sorted(curve.items())),
+    by_options = {s.num_options: s for s in card.settings}
+    fields: dict = {"router_accuracy_curve": tuple(_card_point(card, s, file_name)
+                                                   for _, s in sorted(by_options.items())),
                     **strategy.card_work_fields(card, setting.work)}
     return {k: v for k, v in fields.items()
             if k == "router_accuracy_curve" or k not in strategy.model_fields_set}
@@ -77,7 +86,7 @@ def resolve_card(strategy, arch, folder: Path) -> dict:
         raise RouterCardProblem((), f"{where} reads routing layer {card.routing_layer}; this "
                                 f"strategy's is {layer} ({source})")
     setting = _matching_setting(card, [a.name for a in strategy.adapters], where)
-    return _card_fields(strategy, card, setting)
+    return _card_fields(strategy, card, setting, path.name)
 
 
 def apply_router_cards(scenario, folder: str | Path):
