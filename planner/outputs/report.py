@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 import importlib.metadata
 import platform
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,8 +26,12 @@ h1{margin-bottom:.2rem} h2{border-bottom:1px solid #ddd;padding-bottom:.2rem;mar
 table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}
 td,th{border:1px solid #ddd;padding:.25rem .5rem;text-align:right}
 th{background:#f4f4f4} pre{background:#f7f7f7;padding:1rem;overflow:auto;font-size:.8rem}
+.nw{white-space:nowrap}
 .note{color:#555} .scroll{overflow-x:auto} summary{cursor:pointer;color:#135}
 """
+
+_BANDED = re.compile(r"(-?[\d.,]+(?:e[-+]?\d+)? \((?:seeds )?[\d.,e+-]+-[\d.,e+-]+\))")
+"""`0.123 (0.10-0.16)` as the people tables print a value and its interval."""
 
 _VERSIONED = ("molcap", "numpy", "pandas", "pydantic", "simpy", "plotly", "pyarrow")
 
@@ -56,6 +61,8 @@ def _table_html(df: pd.DataFrame, max_rows: int = 200, max_open_rows: int = 15) 
     """A scrollable table; long ones fold into a <details> so the charts stay in view."""
     shown = df.head(max_rows)
     body = shown.to_html(index=False, float_format=lambda x: f"{x:.4g}", border=0)
+    # A value and its interval stay on one line; the table wraps between words instead.
+    body = _BANDED.sub(r"<span class=nw>\1</span>", body)
     body = f"<div class=scroll>{body}</div>"
     if len(df) > max_rows:
         body += f"<p class=note>{len(df) - max_rows} more rows in the table files.</p>"

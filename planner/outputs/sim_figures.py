@@ -46,7 +46,10 @@ _METRIC_NAMES = {"ttft_s": "time to first token", "tpot_s": "time per output tok
 
 def error_bars(df: pd.DataFrame, metric: str) -> dict | None:
     """Plotly `error_y` of `metric` from its interval columns (`<metric>_low/_high`, written by
-    planner.outputs.interval_columns); None where the table has no interval."""
+    planner.outputs.interval_columns); None where the table has no interval. A band that lies
+    wholly above or below the value (the profile's measured error says the engine runs slower
+    or faster than predicted) is drawn from the value to its far end; the hover gives it
+    exactly."""
     if f"{metric}_low" not in df or f"{metric}_high" not in df:
         return None
     value = df[metric].astype(float)

@@ -74,3 +74,12 @@ def test_no_interval_columns_no_error_bars() -> None:
                                  goodput_turns_per_s=1.0)])
     assert sim_latency_figure(summary).data[0].error_y.array is None
     assert throughput_figure(summary).data[0].error_y.array is None
+
+
+def test_report_keeps_a_value_and_its_interval_on_one_line() -> None:
+    from planner.outputs.report import ReportSection, render_html
+
+    table = people_plan_table(_plans(), {"H100": ERRORS, "L4": None}, 0.9)
+    page = render_html("t", "s", [ReportSection("Capacity plan", tables=[table])], "")
+    cell = table["p99 TTFT (s)"].iloc[0]
+    assert f"<span class=nw>{cell}</span>" in page
