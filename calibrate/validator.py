@@ -193,7 +193,7 @@ def sim_config(w: ValidationWorkload, coeffs, spec, num_kv_blocks: int, *, num_l
     """SimConfig of the tiny model on the `cpu` entry under the engine's own limits."""
     from sim.config import AdapterSpec, EngineLimits, SimConfig, StrategySpec
     from sim.hardware.catalogue import get_gpu, get_model
-    from sim.strategies.registry import kv_layout
+    from sim.strategies.registry import get_strategy, kv_layout
 
     arch = get_model("vllm-tiny-llama")
     placements = tuple((i, m) for i in range(num_layers) for m in targets)
@@ -201,9 +201,10 @@ def sim_config(w: ValidationWorkload, coeffs, spec, num_kv_blocks: int, *, num_l
     adapters = tuple(AdapterSpec(name=f"a{i}", num_bytes_per_gpu=spec.max_lora_rank * per_rank * 4)
                      for i in range(max(w.num_adapters, 1)))
     kind = {"base": "base", "lora": "multi_lora", "lora_p": "preft"}[w.kind]
-    every = [] if kind == "base" else [list(placements)] * len(adapters)
+    uses_adapters = get_strategy(kind).uses_adapters
+    every = [list(placements)] * len(adapters) if uses_adapters else []
     strategy = (StrategySpec(kind=kind, kv_layout=kv_layout(arch, kind, every))
-                if kind == "base" else StrategySpec(
+                if not uses_adapters else StrategySpec(
         kind=kind, adapters=adapters, adapter_kind="lora", adapter_rank=spec.max_lora_rank,
         adapter_placements=placements, is_decode_adapted=w.kind == "lora",
         kv_layout=kv_layout(arch, kind, every)))

@@ -12,6 +12,7 @@ from planner.outputs.sim_figures import (
     kv_namespace_figure,
     timeseries_figure,
 )
+from sim.strategies.registry import get_strategy
 
 
 def main() -> None:
@@ -30,8 +31,8 @@ def main() -> None:
     left.plotly_chart(timeseries_figure(sim.timeseries, "kv_blocks_used"), width="stretch")
     right.plotly_chart(timeseries_figure(sim.timeseries, "num_preemptions"), width="stretch")
     labels = list(sim.summary["strategy"])
-    kinds = {s.label: s.kind for s in whatif.strategies}
-    first = next((i for i, s in enumerate(labels) if kinds.get(s) != "base"), 0)
+    reference = {s.label for s in whatif.strategies if get_strategy(s.kind).is_reference}
+    first = next((i for i, s in enumerate(labels) if s not in reference), 0)
     label = st.selectbox("KV copies and adapters of", labels, index=first, key="memory_strategy")
     kv = sim.kv_by_namespace[sim.kv_by_namespace["strategy"] == label]
     left, right = st.columns(2)

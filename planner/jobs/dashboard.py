@@ -26,6 +26,7 @@ from planner.scenario.workloads import ConversationWorkload, PunicaWorkload
 from planner.search.slo import slo_violations
 from sim.io.files import file_name
 from sim.io.points import PointStore, progress_counter, run_points
+from sim.strategies.registry import get_strategy
 
 WHATIF_MAX_TURNS = 300
 """Turns the dashboard's default what-if simulates per strategy (the workload is cut)."""
@@ -292,7 +293,7 @@ def pricing(scenario: Scenario, base_dir: Path | None = None) -> dict:
 
 def _adapter_strategies(scenario: Scenario, summary: pd.DataFrame) -> pd.DataFrame:
     """Summary rows of the strategies that serve adapters (base is the no-adapter reference)."""
-    base = {s.label for s in scenario.strategies if s.kind == "base"}
+    base = {s.label for s in scenario.strategies if get_strategy(s.kind).is_reference}
     return summary[~summary["strategy"].isin(base)]
 
 

@@ -61,14 +61,16 @@ class AdapterPricing:
 def adapter_pricing(strategy, arch: ModelArch, max_lora_rank: int) -> AdapterPricing:
     """The adapter shape a strategy's steps are priced with, as vLLM runs it: every LoRA slot
     is padded to `max_lora_rank` (vLLM allocates its LoRA buffers at that rank), and a batch
-    runs the union of the modules its adapters wrap. A DiReFT edit (PreFT's direft_p) is applied
+    runs the union of the modules its adapters wrap. A DiReFT edit (the strategy's
+    `adapter_pricing_kind` says which) is applied
     at its adapter's own rank, so the largest one prices it."""
     adapters = getattr(strategy, "adapters", ())
-    if not get_strategy(strategy.kind).uses_adapters or not adapters:
+    kind = get_strategy(strategy.kind).adapter_pricing_kind(strategy)
+    if kind == "none" or not adapters:
         return AdapterPricing("none", 0, (), ())
     each = tuple(tuple(adapter_placements(arch, a.layers, a.target_modules)) for a in adapters)
     placements = tuple(sorted(set().union(*each)))
-    if getattr(strategy, "variant", None) == "direft_p":
+    if kind == "direft":
         return AdapterPricing("direft", max(a.rank for a in adapters), placements, each)
     return AdapterPricing("lora", max_lora_rank, placements, each)
 

@@ -17,7 +17,7 @@ from planner.scenario.deployment import (  # noqa: F401  (re-exported: part of t
     HardwareConfig,
     SpeculativeConfig,
 )
-from planner.scenario.strategies import CED_KINDS, StrategyConfig
+from planner.scenario.strategies import StrategyConfig
 from planner.scenario.workloads import ConversationWorkload, PunicaWorkload, WorkloadConfig
 from sim.frozen import FrozenModel
 from sim.hardware.catalogue import GPUS, MODELS
@@ -27,6 +27,7 @@ from sim.strategies.placement import (
     layers_out_of_range,
     placement_violations,
 )
+from sim.strategies.registry import get_strategy
 
 PositiveInt = Annotated[int, Field(ge=1, le=100_000_000)]
 """A count or length inside a grid: at least 1."""
@@ -221,7 +222,7 @@ def _strategy_problems(s: Scenario) -> list[str]:
             continue  # reported by _catalogue_problems
         arch = s.strategy_arch(i)
         where = f"strategies.{i}"
-        needs_ced = strategy.kind in CED_KINDS
+        needs_ced = get_strategy(strategy.kind).needs_ced_model
         if needs_ced and not arch.is_ced:
             out.append(f"{where}.kind: {strategy.kind!r} needs a causal encoder-decoder model; "
                        f"{arch.name!r} is decoder-only (CED models: "
@@ -281,7 +282,7 @@ def _fit_problems(s: Scenario) -> list[str]:
         if arch.name in seen:
             continue
         seen.add(arch.name)
-        mem = s.engine.memory(arch, gpu, tp, uses_lora=strategy.kind != "base")
+        mem = s.engine.memory(arch, gpu, tp, uses_lora=get_strategy(strategy.kind).uses_adapters)
         if mem.num_kv_blocks < 1 and mem.kv_pool_bytes <= 0:  # else: the block is too big
             gib = 2**30
             out.append(
@@ -323,6 +324,6 @@ def _request_fit_problems(s: Scenario) -> list[str]:
     for i, strategy in enumerate(s.strategies):
         problems = longest_request_problems(
             field, longest, prompt, s.engine, s.strategy_arch(i), s.hardware.gpu_spec,
-            s.hardware.tensor_parallel_size, uses_lora=strategy.kind != "base")
+            s.hardware.tensor_parallel_size, uses_lora=get_strategy(strategy.kind).uses_adapters)
         out += [p for p in problems if p not in out]
     return out

@@ -10,11 +10,6 @@ from pydantic import Field, field_validator, model_validator
 from sim.frozen import FrozenModel
 from sim.hardware.specs import LoraModule
 
-CED_KINDS = ("contextual_mol", "mol2")
-"""Strategies that need a CED model (their router reads the encoder's layer-19 state) and so
-reject LoRA placements that break the shared KV unless asked. Whether any strategy shares KV is
-decided by where its adapters sit (`sim.strategies.placement.kv_layout`), not by this list."""
-
 
 class AdapterConfig(FrozenModel):
     """One domain adapter."""

@@ -22,6 +22,7 @@ from sim.cost.phase_costs import decode_step, prefill_s
 from sim.hardware.catalogue import GPUS
 from sim.hardware.specs import GpuSpec
 from sim.simulate import agent_loads
+from sim.strategies.registry import get_strategy
 
 BOUND_SLACK = 1.25
 """Bisection starts this far above the analytical bound, which uses mean lengths and may
@@ -103,7 +104,8 @@ def fitting_candidates(scenario: Scenario, index: int,
     """Candidates whose KV pool holds the workload's longest context, and why others dropped."""
     s, e, arch = scenario.search, scenario.engine, scenario.strategy_arch(index)
     strategy = scenario.strategies[index]
-    copies = len(strategy.adapters) if strategy.kind == "multi_agent" else 1
+    kind = get_strategy(strategy.kind)
+    copies = len(strategy.adapters) if kind.is_model_per_domain else 1
     shares = agent_shares(scenario, copies) if copies > 1 else ()
     specs = gpu_specs(scenario)
     kept, dropped = [], []
@@ -112,7 +114,7 @@ def fitting_candidates(scenario: Scenario, index: int,
         s.tensor_parallel_sizes or (scenario.hardware.tensor_parallel_size,),
         s.max_num_seqs or (e.max_num_seqs,), s.max_loras or (e.max_loras,),
     ):
-        mem = e.memory(arch, specs[gpu], tp, uses_lora=strategy.kind != "base",
+        mem = e.memory(arch, specs[gpu], tp, uses_lora=kind.uses_adapters,
                        max_num_seqs=seqs, max_loras=loras)
         if mem.num_kv_tokens < shape.max_context_tokens:
             dropped.append(f"{gpu} TP={tp}: {arch.name} leaves KV for {mem.num_kv_tokens} "

@@ -15,14 +15,16 @@ from planner.scenario.schema import Scenario
 from planner.scenario.workloads import ConversationWorkload, PunicaWorkload
 from planner.search.slo_search import Deployment
 from planner.search.strategy_plan import with_deployment
+from sim.strategies.registry import STRATEGIES, get_strategy
 
 PLAN_METRICS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s",
                 "e2e_p99_s", "output_tokens_per_s")
 """Metrics a plan reports (seed means of the whole deployment at the target rate)."""
 TINY_MODEL = "vllm-tiny-llama"
 """The one catalogue model verify builds itself (the CPU profile's model)."""
-SUPPORTED_KINDS = ("base", "multi_lora", "preft")
-"""Strategy kinds verify serves on vLLM (routed and multi-agent strategies are not verified)."""
+SUPPORTED_KINDS = tuple(kind for kind, s in STRATEGIES.items() if s.is_verifiable)
+"""Strategy kinds verify serves on vLLM (each strategy's `is_verifiable`; routed and
+multi-agent strategies are not verified)."""
 
 
 class PlanMismatch(ValueError):
@@ -151,7 +153,7 @@ def engine_kwargs(scenario: Scenario, index: int, model_path: str, device: str) 
                enable_chunked_prefill=e.enable_chunked_prefill,
                gpu_memory_utilization=e.gpu_memory_utilization, seed=scenario.seed,
                enforce_eager=device == "cpu", dtype="float32" if is_tiny else "auto")
-    if scenario.strategies[index].kind != "base":
+    if get_strategy(scenario.strategies[index].kind).uses_adapters:
         out.update(enable_lora=True, max_loras=e.max_loras, max_lora_rank=e.max_lora_rank,
                    max_cpu_loras=max(e.max_cpu_loras, len(adapters)))
     if e.kv_cache_memory_bytes is not None:
@@ -165,9 +167,10 @@ def adapter_specs(scenario: Scenario, index: int) -> tuple[str, list[dict]]:
     """The adapter kind the engine names requests by ("base", "lora", "lora_p", "direft_p")
     and each adapter's name, rank, modules and layers."""
     strategy = scenario.strategies[index]
-    if strategy.kind == "base":
+    served = get_strategy(strategy.kind)
+    if not served.uses_adapters:
         return "base", []
-    kind = "lora" if strategy.kind == "multi_lora" else strategy.variant
+    kind = served.engine_adapter_kind(strategy)
     return kind, [dict(name=a.name, rank=a.rank, target_modules=list(a.target_modules),
                        layers=None if a.layers is None else list(a.layers))
                   for a in strategy.adapters]

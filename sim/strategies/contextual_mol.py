@@ -9,6 +9,7 @@ from sim.strategies.strategy import Strategy, TurnPricing
 
 class ContextualMol(Strategy):
     kind = "contextual_mol"
+    needs_ced_model = True
     is_routing = True
 
     def route_hop(self, spec, num_prompt_tokens: int, routing_last_layer: int) -> dict | None:

@@ -11,6 +11,7 @@ from sim.strategies.strategy import Strategy, TurnPricing
 
 class Mol2(Strategy):
     kind = "mol2"
+    needs_ced_model = True
     is_routing = True
 
     def head_rides_answer(self, spec) -> bool:

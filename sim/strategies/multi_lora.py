@@ -8,3 +8,4 @@ from sim.strategies.strategy import Strategy
 
 class MultiLora(Strategy):
     kind = "multi_lora"
+    is_verifiable = True

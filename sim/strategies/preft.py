@@ -9,3 +9,10 @@ from sim.strategies.strategy import Strategy
 class PreFT(Strategy):
     kind = "preft"
     is_decode_adapted = False
+    is_verifiable = True
+
+    def adapter_pricing_kind(self, spec) -> str:
+        return "direft" if spec.variant == "direft_p" else "lora"
+
+    def engine_adapter_kind(self, spec) -> str:
+        return spec.variant

@@ -46,6 +46,25 @@ class Strategy:
     """Each domain is served by a model of its own, on replicas of its own (multi-agent)."""
     reprefill_name: ClassVar[str] = "re-prefill"
     """What a switch that prefills the context again under the target is called."""
+    is_reference: ClassVar[bool] = False
+    """The no-adapter reference the others are compared against (the base model): the
+    dashboard's best adapter strategy is never this one."""
+    needs_ced_model: ClassVar[bool] = False
+    """The router reads a causal encoder-decoder's encoder state, so a decoder-only model is
+    rejected. Whether KV is shared is decided by where the adapters sit
+    (`sim.strategies.placement`), not by this flag."""
+    is_verifiable: ClassVar[bool] = False
+    """vLLM serves this strategy as is, so its plan can be run on the engine (`molcap verify`)."""
+
+    def adapter_pricing_kind(self, spec) -> str:
+        """How a step prices this strategy's adapters: "lora" (vLLM's LoRA slots, padded to
+        max_lora_rank), "direft" (an edit at its adapter's own rank) or "none"."""
+        return "lora" if self.uses_adapters else "none"
+
+    def engine_adapter_kind(self, spec) -> str:
+        """The adapter kind the engine names this strategy's requests by ("base", "lora",
+        "lora_p", "direft_p"); meaningful where `is_verifiable`."""
+        return "lora" if self.uses_adapters else "base"
 
     def kv_layout(self, arch: ModelArch, placements: list[list[tuple[int, str]]]) -> KvLayout:
         """Where KV lives given each adapter's (layer, module) placements."""

@@ -77,3 +77,27 @@ workload: {kind: punica, num_requests: 400, num_adapters: 4, popularity: skewed,
     assert smallest_rate_bound(scenario, 0, agents, shape) == pytest.approx(single / busiest)
     assert smallest_rate_bound(scenario, 1, one_model, shape) == \
         replica_rate_bound(scenario, 1, one_model, shape)
+
+
+def test_a_model_per_agent_reserves_no_lora_slots_in_the_fit_checks():
+    # One full model per agent loads no LoRA: the scenario check and the search's fit check
+    # size its KV pool as the simulator does, without vLLM's LoRA slots (32 slots of rank 256
+    # would leave an 8B model ~117k tokens on an H100; without them it holds ~444k).
+    from planner.predict.simulation import create_sim_config
+    from planner.scenario.loading import scenario_from_text
+    from planner.search.strategy_plan import fitting_candidates, with_deployment, workload_shape
+    from sim.simulate import resolve_num_kv_blocks
+    scenario = scenario_from_text("""
+model: llama-3.1-8b
+hardware: {gpu: H100-SXM}
+engine: {max_loras: 32, max_cpu_loras: 32, max_lora_rank: 256}
+strategies:
+  - kind: multi_agent
+    adapters: [{name: a}, {name: b}]
+workload: {kind: punica, num_requests: 20, num_adapters: 2, max_prompt_tokens: 120000,
+           arrival_rate_per_s: 1.0}
+""", "agents.yaml")
+    (agents,), dropped = fitting_candidates(scenario, 0, workload_shape(scenario))
+    config = create_sim_config(with_deployment(scenario, agents), 0)
+    assert not dropped
+    assert resolve_num_kv_blocks(config) * config.engine.block_size > 120_000 + 128
