@@ -1,4 +1,4 @@
-"""`molcap calibrate profile|fit|validate|import`: thin commands over calibrate/ (imported
+"""`molcap calibrate measure|fit|validate|import`: thin commands over calibrate/ (imported
 lazily, so `molcap` never loads torch or vLLM unless a calibration command runs); composed by
 app.cli."""
 
@@ -31,7 +31,7 @@ def _progress_hook(progress: Progress, label: str):
 
 
 @app.command()
-def profile(
+def measure(
     out: Annotated[Path, typer.Option("--out", "-o", help="Samples folder root.")] = Path(
         "out/calibrate"),
     engine: Annotated[str, typer.Option(help="vllm, ced or all.")] = "all",
@@ -50,17 +50,21 @@ def profile(
 
     try:
         with Progress(console=console) as progress:
-            written = jobs.profile(out, engine=engine, device=device, gpu_kind=gpu_kind,
+            written = jobs.measure(out, engine=engine, device=device, gpu_kind=gpu_kind,
                                    num_repeats=repeats, quick=quick,
                                    on_progress=lambda label: _progress_hook(progress, label))
     except RuntimeError as err:
-        _fail(f"calibrate profile: {err}")
+        _fail(f"calibrate measure: {err}")
     console.print(f"samples: {written}")
+
+
+# The command's name before "profile" came to mean only a fitted coefficient file.
+app.command("profile", hidden=True, help="Old name of `measure`.")(measure)
 
 
 @app.command()
 def fit(
-    samples: Annotated[Path, typer.Option(help="Folder `calibrate profile` wrote.")] = Path(
+    samples: Annotated[Path, typer.Option(help="Folder `calibrate measure` wrote.")] = Path(
         "out/calibrate"),
     name: Annotated[str, typer.Option(help="Profile name (file stem).")] = "cpu-vllm-tiny-llama",
     out: Annotated[Path, typer.Option(help="Profiles folder.")] = Path("calibrate/profiles"),

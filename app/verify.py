@@ -26,9 +26,9 @@ from planner.verify.prepare import (
     TINY_MODEL,
     PlannedDeployment,
     adapter_specs,
-    cost_profile_json,
     engine_kwargs,
     host_settings,
+    layer_costs_json,
     planned_deployments,
     predict_replay,
     replica_scenario,
@@ -115,7 +115,7 @@ def measure_strategy(scenario, planned: PlannedDeployment, options: VerifyOption
                 predicted=predict_replay(point, index, workload, ran["num_kv_blocks"]),
                 records=ran["records"], steps=ran["steps"],
                 scenario=point.model_dump(mode="json"),
-                cost_profile=cost_profile_json(point, index))
+                layer_costs=layer_costs_json(point, index))
 
 
 def run_verify(scenario_path: Path, plan_path: Path | None, out: Path, options: VerifyOptions,

@@ -176,7 +176,7 @@ def fit_ced(root: Path, *, name: str, out_dir: Path):
     """Fit the CED samples under `root` into OUT_DIR/NAME.yaml; (path, profile)."""
     import json
 
-    from calibrate.commands import current_command, recorded_profile_command
+    from calibrate.commands import current_command, recorded_measure_command
     from calibrate.fitter import DEFAULT_TERMS, create_calibration_profile, fit, write_profile
     from calibrate.recorder import load_samples, split_held_out
     from sim.cost.cost_model import DEFAULT_COEFFS
@@ -198,7 +198,7 @@ def fit_ced(root: Path, *, name: str, out_dir: Path):
         result, name=name, model=CED_SMALL_ARCH.name, engine=meta["engine"],
         hardware=meta["hardware"], packages=meta["packages"], num_samples=len(samples),
         load_average=meta["load_average"],
-        commands=(recorded_profile_command(root), current_command()),
+        commands=(recorded_measure_command(root), current_command()),
         description="torch CED engine, preset 'small' (fp32, one thread): prefill, decode, "
                     "bounded replay and pointer-head routing; engine thread CPU seconds")
     path = Path(out_dir) / f"{name}.yaml"

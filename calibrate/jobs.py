@@ -12,10 +12,10 @@ import json
 from pathlib import Path
 
 from calibrate.commands import (
-    PROFILE_COMMAND_FILE,
+    MEASURE_COMMAND_FILE,
     current_command,
-    profile_command,
-    recorded_profile_command,
+    measure_command,
+    recorded_measure_command,
 )
 from calibrate.fitter import (
     DEFAULT_TERMS,
@@ -48,13 +48,13 @@ RANK_GRID = (16, 32)
 and one repeat: the rank changes the adapter terms' shapes, not the scheduler)."""
 
 
-def profile(out: Path, *, engine: str = "all", device: str = "cpu", gpu_kind: str = "cpu",
+def measure(out: Path, *, engine: str = "all", device: str = "cpu", gpu_kind: str = "cpu",
             num_repeats: int = 3, quick: bool = False, on_progress=None) -> Path:
     """Run the probe grids of `engine` ("vllm", "ced", "all"); returns the samples folder."""
     out = Path(out)
     samples = out / "samples"
     out.mkdir(parents=True, exist_ok=True)
-    (out / PROFILE_COMMAND_FILE).write_text(profile_command(
+    (out / MEASURE_COMMAND_FILE).write_text(measure_command(
         out, engine=engine, device=device, gpu_kind=gpu_kind, num_repeats=num_repeats,
         quick=quick) + "\n")
     hook = on_progress or (lambda label: None)
@@ -80,7 +80,7 @@ def profile(out: Path, *, engine: str = "all", device: str = "cpu", gpu_kind: st
 def _meta(root: Path, name: str) -> dict:
     path = root / f"{name}.json"
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no engine record; run `molcap calibrate profile` "
+        raise FileNotFoundError(f"{path}: no engine record; run `molcap calibrate measure` "
                                 f"with --out {root} first")
     return json.loads(path.read_text())
 
@@ -123,7 +123,7 @@ def fit(root: Path, *, name: str, out_dir: Path, engine: str = "vllm",
         result, name=name, model="vllm-tiny-llama", engine=meta["engine"],
         hardware=meta["hardware"], packages=meta["packages"], num_samples=len(samples),
         load_average=meta["load_average"], adapter_loads=load_summary,
-        commands=(recorded_profile_command(root), current_command()),
+        commands=(recorded_measure_command(root), current_command()),
         description="vLLM step times of the tiny float32 Llama (4 layers, hidden 256): base, "
                     "LoRA/LoRA_P on q/v/o/down at max_lora_rank 8 (LoRA also 16, 32), DiReFT_P "
                     "on every layer; adapter slot loads; the engine thread's CPU seconds")
@@ -148,7 +148,7 @@ def calibrate_kind(kind: str, device: str, engine: str, out: str, repeats: int,
                    quick: bool) -> tuple[str, str]:
     """Profile and fit one GPU kind on this machine (a cluster job's task); (name, YAML)."""
     root = Path(out) / kind
-    profile(root, engine=engine, device=device, gpu_kind=kind, num_repeats=repeats, quick=quick)
+    measure(root, engine=engine, device=device, gpu_kind=kind, num_repeats=repeats, quick=quick)
     model = "ced-small" if engine == "ced" else "tiny-llama"
     name = f"{kind.lower()}-{engine}-{model}"
     path, _ = fit(root, name=name, out_dir=root / "profiles", engine=engine)

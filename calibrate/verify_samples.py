@@ -30,8 +30,8 @@ def load_verify_runs(run: Path) -> list[dict]:
     return records
 
 
-def cost_profile_from_json(raw: dict):
-    """A `sim.cost.layer_costs.LayerCosts` from the JSON `planner.verify.prepare.cost_profile_json`
+def layer_costs_from_json(raw: dict):
+    """A `sim.cost.layer_costs.LayerCosts` from the JSON `planner.verify.prepare.layer_costs_json`
     wrote."""
     from sim.cost.layer_costs import LayerCosts
     from sim.hardware.specs import GpuSpec
@@ -60,6 +60,7 @@ def verify_samples(run: Path, gpu_kind: str) -> tuple[list[StepSample], dict]:
             raise ValueError(f"{run}: verify run of {record['strategy']!r} has no timed steps; "
                              "run verify again")
         group = f"verify:{record['strategy']}"
-        profiles[group] = cost_profile_from_json(record["cost_profile"])
+        profiles[group] = layer_costs_from_json(
+            record.get("layer_costs") or record["cost_profile"])  # cost_profile: older runs
         samples += [StepSample.from_json(s) for s in record["steps"]]
     return samples, profiles

@@ -1,10 +1,10 @@
-"""Ray job: profile every GPU kind of a cluster and write one fitted cost profile per kind.
+"""Ray job: measure every GPU kind of a cluster and write one fitted cost profile per kind.
 
     ray job submit --address http://HEAD:8265 --working-dir . -- \
         python calibrate/cluster/ray_calibrate.py --out out/calibrate
 
 Each GPU kind Ray reports (`accelerator_type:<kind>` resources) gets one task on one of its
-GPUs: `calibrate.jobs.profile` then `calibrate.jobs.fit`, run in the worker; the profile YAML
+GPUs: `calibrate.jobs.measure` then `calibrate.jobs.fit`, run in the worker; the profile YAML
 comes back as a value and the driver writes calibrate/profiles/<kind>-<engine>-<model>.yaml. A
 cluster without GPUs (or --device cpu) profiles one CPU node as kind `cpu` (the path tested
 here on a local Ray instance).

@@ -182,7 +182,7 @@ def resolve_pricing(scenario: Scenario, base_dir: Path | None = None, *,
     problems = profile_mismatches(profile, scenario)
     if problems:
         raise ScenarioError([f"hardware.profile: {p}; allowed: a profile measured on the "
-                             f"scenario's model, GPU and engine (molcap calibrate profile ...)"
+                             f"scenario's model, GPU and engine (molcap calibrate measure ...)"
                              for p in problems])
     return PricingSource(profile.coefficients, profile, path, False)
 

@@ -112,5 +112,5 @@ def strategy_entry(record: dict, plan_metrics: dict, is_promised: bool, slo,
     rows = compare_rows(record["predicted"], record["measured"], plan_metrics, slo, errors)
     checks = slo_checks(slo, record["records"], record["measured"])
     keep = {k: v for k, v in record.items()
-            if k not in ("records", "steps", "scenario", "cost_profile")}
+            if k not in ("records", "steps", "scenario", "layer_costs", "cost_profile")}
     return dict(keep, rows=rows, slo_checks=checks, is_promised=is_promised)

@@ -191,8 +191,8 @@ def host_settings(scenario: Scenario, device: str) -> dict:
                 keep_freed_memory="freed memory kept" in str(settings.get("host_allocator", "")))
 
 
-def cost_profile_json(scenario: Scenario, index: int) -> dict:
-    """The cost profile that prices this strategy's steps (as
+def layer_costs_json(scenario: Scenario, index: int) -> dict:
+    """The layer costs that price this strategy's steps (as
     `planner.scenario.pricing.create_strategy_costing` resolves it) as plain JSON: arrays as
     {"array": values, "dtype": name}, the GPU spec dumped. The calibration prices a verify
     run's steps on it (`calibrate.verify_samples`)."""

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "calibrate" / "profiles" / "cpu-vllm-tiny-llama.yaml"
 
@@ -32,10 +34,11 @@ def test_validate_with_a_broken_profile_exits_2_with_its_location(tmp_path):
 def test_fit_without_profiled_samples_exits_2_naming_the_folder(tmp_path):
     done = molcap("fit", "--samples", "nothing-here", "--out", "profiles", cwd=tmp_path)
     assert done.returncode == 2
-    assert "nothing-here" in done.stderr and "molcap calibrate profile" in done.stderr
+    assert "nothing-here" in done.stderr and "molcap calibrate measure" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "profiles").exists()
 
 
-def test_profile_rejects_an_unknown_engine(tmp_path):
-    done = molcap("profile", "--engine", "tgi", cwd=tmp_path)
+@pytest.mark.parametrize("command", ["measure", "profile"])  # profile: the old name, kept
+def test_measure_rejects_an_unknown_engine(tmp_path, command):
+    done = molcap(command, "--engine", "tgi", cwd=tmp_path)
     assert done.returncode == 2 and "'tgi'" in done.stderr and "vllm, ced, all" in done.stderr

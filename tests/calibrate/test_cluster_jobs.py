@@ -27,7 +27,7 @@ def test_slurm_script_runs_its_cpu_path_and_writes_a_valid_profile(tmp_path):
     assert profile.model == "ced-small" and profile.engine.name == "molcap-ced"
     assert profile.num_samples > 0 and (tmp_path / "samples" / "samples").is_dir()
     # The profile records the exact profile command, flags included, to rerun it.
-    assert profile.commands[0] == ("molcap calibrate profile --engine ced --device cpu "
+    assert profile.commands[0] == ("molcap calibrate measure --engine ced --device cpu "
                                    f"--gpu-kind cpu --repeats 1 --quick --out {tmp_path}/samples")
 
 
@@ -47,5 +47,5 @@ def test_ray_job_profiles_a_cpu_cluster_on_a_local_ray(tmp_path, monkeypatch):
     assert written == [tmp_path / "profiles" / "cpu-ced-ced-small.yaml"]
     assert load_profile(written[0]).hardware.gpu == "cpu"
     assert load_profile(written[0]).commands[0] == (
-        "molcap calibrate profile --engine ced --device cpu --gpu-kind cpu --repeats 1 --quick "
+        "molcap calibrate measure --engine ced --device cpu --gpu-kind cpu --repeats 1 --quick "
         f"--out {tmp_path}/out/cpu")

@@ -83,7 +83,7 @@ def check_profile(path: Path, kind: str = "cpu") -> None:
     profile = load_profile(path)
     assert profile.hardware.gpu == kind and profile.model == "vllm-tiny-llama"
     assert profile.engine.name == "vllm" and profile.num_samples > 0
-    assert profile.commands[0].startswith("molcap calibrate profile --engine vllm --device cpu")
+    assert profile.commands[0].startswith("molcap calibrate measure --engine vllm --device cpu")
 
 
 def check_verify(out: Path) -> dict:
