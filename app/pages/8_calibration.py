@@ -20,7 +20,10 @@ def main() -> None:
     scenario = layout.require(scenario, problems)
     st.title("Calibration")
     priced = pricing(scenario, state.scenarios_dir())
-    if priced["profile"]:
+    if priced["derivation"]:
+        st.info(f"Numbers priced by the profile `{priced['profile']}`, **not measured on "
+                f"{priced['gpu']}**: {priced['derivation']}.")
+    elif priced["profile"]:
         st.success(f"Numbers priced by the fitted cost profile `{priced['profile']}`: "
                    f"{priced['description']}.")
     else:

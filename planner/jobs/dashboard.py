@@ -275,7 +275,8 @@ def compare_summaries(before: pd.DataFrame, after: pd.DataFrame) -> tuple[pd.Dat
 
 def pricing(scenario: Scenario, base_dir: Path | None = None) -> dict:
     """Which cost profile priced the scenario (`planner.scenario.pricing.resolve_pricing`): the
-    fitted profile's name or None for assumed defaults, its one-line description, the coefficients
+    fitted profile's name or None for assumed defaults, how it was derived from another GPU's fit
+    ("" when fitted on this GPU), its one-line description, the coefficients
     (one row each) and the profile's fit errors when it has them."""
     from planner.scenario.pricing import resolve_pricing
     from sim.cost.cost_model import CostCoeffs
@@ -286,6 +287,7 @@ def pricing(scenario: Scenario, base_dir: Path | None = None) -> dict:
             for name in CostCoeffs.model_fields]
     fit = source.profile.fit.errors if source.profile is not None else []
     return dict(profile=source.profile.name if source.profile else None,
+                derivation=source.profile.derivation if source.profile else "",
                 description=source.describe(), gpu=scenario.hardware.gpu_spec.name,
                 coefficients=pd.DataFrame(rows),
                 fit_errors=pd.DataFrame([e.model_dump() for e in fit]))

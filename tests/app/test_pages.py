@@ -7,7 +7,9 @@ import json
 
 import numpy as np
 import pytest
+import yaml
 
+from sim.hardware.catalogue import GPUS
 from tests.app.conftest import no_exceptions, open_app, texts
 
 CHART_PAGES = {
@@ -153,12 +155,35 @@ def test_a_knob_value_the_scenario_rejects_shows_the_located_error_inline(in_wor
     assert any("does not validate" in m for m in texts(at.error))
 
 
-def test_calibration_says_assumed_defaults_without_a_profile(in_workdir):
-    at = open_app("pages/8_calibration.py")
+def test_calibration_says_the_default_gpu_is_priced_by_a_scaled_profile(in_workdir):
+    at = open_app("pages/8_calibration.py")  # the default scenario: H200, no GPU data of its own
     no_exceptions(at)
-    assert any("assumed defaults" in m for m in texts(at.warning))
+    assert any("scaled from H100 measurements" in m and "not measured on H200" in m
+               for m in texts(at.info))
+    assert not texts(at.success) and not texts(at.warning)
     table = at.dataframe[0].value
     assert "gemm_flops_efficiency" in set(table["coefficient"])
+
+
+def custom_gpu_scenario() -> str:
+    """A scenario on a GPU no shipped profile covers: a catalogue H100 renamed and given 64 GB."""
+    gpu = GPUS["H100-SXM"].model_dump(mode="json", exclude={"reported_memory_bytes"})
+    del gpu["sources"]["reported_memory_bytes"]
+    gpu.update(name="my-gpu", hbm_bytes=64e9)
+    return yaml.safe_dump(dict(
+        name="custom_gpu", model="qwen2.5-0.5b", hardware=dict(gpu=gpu),
+        strategies=[{"kind": "base"}],
+        workload=dict(kind="punica", num_requests=8, num_adapters=1, num_output_tokens=8,
+                      arrival_rate_per_s=1.0)), sort_keys=False)
+
+
+def test_calibration_says_assumed_defaults_for_a_gpu_without_a_profile(in_workdir):
+    path = in_workdir / "scenarios" / "custom_gpu.yaml"
+    path.write_text(custom_gpu_scenario(), encoding="utf-8")
+    at = open_app("pages/8_calibration.py", scenario="scenarios/custom_gpu.yaml")
+    no_exceptions(at)
+    assert any("assumed defaults" in m and "my-gpu" in m for m in texts(at.warning))
+    assert not texts(at.info) and not texts(at.success)
 
 
 def test_compare_variants_shows_the_change(in_workdir):
