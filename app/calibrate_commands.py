@@ -1,6 +1,6 @@
-"""`molcap calibrate measure|fit|validate|import`: thin commands over calibrate/ (imported
-lazily, so `molcap` never loads torch or vLLM unless a calibration command runs); composed by
-app.cli."""
+"""`molcap calibrate measure|fit|validate|import|fit-gpu|validate-gpu`: thin commands over
+calibrate/ (imported lazily, so `molcap` never loads torch or vLLM unless a calibration
+command runs); composed by app.cli."""
 
 from __future__ import annotations
 
@@ -136,3 +136,72 @@ def import_dataset(
     except (DatasetMissingError, GpuDataError) as err:
         _fail(f"calibrate import: {err}")
     console.print(result.summary())
+
+
+def _agullo_slice() -> Path:
+    from calibrate.gpu_samples import DATA_DIR
+
+    return DATA_DIR
+
+
+@app.command("validate-gpu")
+def validate_gpu(
+    data_dir: Annotated[Path | None, typer.Option(
+        help="The agullo-dt slice folder (default: the repository's data/gpu/agullo-dt).")] = None,
+    every: Annotated[int, typer.Option(min=1, help="Replay every N-th test-set run.")] = 4,
+    window_s: Annotated[float, typer.Option(min=30.0, help="Simulated seconds per run.")] = 180.0,
+    docs: Annotated[Path, typer.Option(help="Folder for validation-gpu.md and .json.")] = Path(
+        "docs"),
+    profiles: Annotated[Path, typer.Option(
+        help="Folder for the profile's .validation.json.")] = Path("calibrate/profiles"),
+):
+    """Held-out validation of the fitted H100-64GB profile on agullo-dt runs it never saw
+    (python -m calibrate.gpu_validate)."""
+    from calibrate.gpu_data.base import DatasetMissingError
+    from calibrate.gpu_runs import METRICS
+    from calibrate.gpu_samples import SliceError
+    from calibrate.gpu_validate import validate
+
+    root = data_dir or _agullo_slice()
+    if not root.is_dir():
+        _fail(f"calibrate validate-gpu: {root}: no such folder (the agullo-dt slice)")
+    try:
+        with console.status("replaying held-out runs"):
+            result = validate(root, every=every, window_s=window_s, docs_dir=docs,
+                              profiles_dir=profiles)
+    except (DatasetMissingError, SliceError) as err:
+        _fail(f"calibrate validate-gpu: {err}")
+    summary = result["runs"]["summary"][0]
+    console.print("median |error| over runs: " + ", ".join(
+        f"{m} {summary[m]:.1%}" for m in METRICS if summary[m] is not None))
+    console.print(f"table: {docs / 'validation-gpu.md'}")
+
+
+@app.command("fit-gpu")
+def fit_gpu(
+    data_dir: Annotated[Path | None, typer.Option(
+        help="The agullo-dt slice folder (default: the repository's data/gpu/agullo-dt).")] = None,
+    out: Annotated[Path, typer.Option(help="Profiles folder.")] = Path("calibrate/profiles"),
+):
+    """Fit the H100-64GB profile on agullo-dt steps and derive the scaled GPU profiles
+    (python -m calibrate.gpu_fit)."""
+    from calibrate.gpu_samples import SliceError
+
+    root = data_dir or _agullo_slice()
+    if not root.is_dir():
+        _fail(f"calibrate fit-gpu: {root}: no such folder (the agullo-dt slice)")
+    from calibrate.fitter import write_profile
+    from calibrate.gpu_fit import PROFILE_NAME, create_h100_64gb_profile
+    from calibrate.gpu_scaled import write_scaled_profiles
+
+    try:
+        profile_ = create_h100_64gb_profile(root)
+    except SliceError as err:
+        _fail(f"calibrate fit-gpu: {err}")
+    out.mkdir(parents=True, exist_ok=True)
+    write_profile(profile_, out / f"{PROFILE_NAME}.yaml")
+    write_scaled_profiles(profile_, out)
+    for row in profile_.fit.errors:
+        if row.group == "all":
+            console.print(f"  {row.split:<5} n={row.num_samples:<5} MAPE {row.mape:6.1%}")
+    console.print(f"profile: {out / (PROFILE_NAME + '.yaml')}")

@@ -42,3 +42,21 @@ def test_fit_without_profiled_samples_exits_2_naming_the_folder(tmp_path):
 def test_measure_rejects_an_unknown_engine(tmp_path, command):
     done = molcap(command, "--engine", "tgi", cwd=tmp_path)
     assert done.returncode == 2 and "'tgi'" in done.stderr and "vllm, ced, all" in done.stderr
+
+
+def test_gpu_commands_on_a_missing_or_incomplete_slice_exit_2_with_one_line(tmp_path):
+    for command in ("validate-gpu", "fit-gpu"):
+        done = molcap(command, "--data-dir", "no-such-slice", cwd=tmp_path)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip() == (f"calibrate {command}: no-such-slice: no such folder "
+                                       "(the agullo-dt slice)")
+    (tmp_path / "empty").mkdir()
+    done = molcap("validate-gpu", "--data-dir", "empty", "--docs", "d", "--profiles", "p",
+                  cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == ("calibrate validate-gpu: empty: agullo-dt slice lacks "
+                                   "derived/runs_summary.csv.gz, overhead_steps.csv")
+    done = molcap("fit-gpu", "--data-dir", "empty", "--out", "p", cwd=tmp_path)
+    assert done.returncode == 2 and "empty/derived/runs_summary.csv.gz: missing" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not any((tmp_path / name).exists() for name in ("d", "p"))

@@ -25,11 +25,32 @@ def test_test_set_rows_carry_per_adapter_rates_and_ranks(runs):
 
 def test_a_light_held_out_run_replays_within_band(runs):
     # Llama-3.1-8B, max_loras 128, 128 adapters at 2.8 req/s (unsaturated). Band: throughput
-    # within 10% (a 60 s window holds ~170 requests), TPOT p50 within 30% (the validation
-    # doc's median for such runs is 15%: the fit saw no mixed prompt+decode LoRA steps).
+    # within 15% (the 100 s scored after a 20 s warm-up hold ~280 Poisson arrivals, a 6%
+    # standard deviation), TPOT p50 within 30%
+    # (the validation doc's median for such runs is 15%: the fit saw no mixed prompt+decode
+    # LoRA steps).
     run = runs[0]
     coeffs = load_profile(PROFILES_DIR / f"{PROFILE_NAME}.yaml").coefficients
-    predicted = predict_run(run, coeffs, window_s=60.0)
+    predicted = predict_run(run, coeffs, window_s=120.0, warmup_s=20.0)
     assert not predicted["is_saturated"]
-    assert predicted["throughput_rps"] == pytest.approx(run.measured["throughput_rps"], rel=0.10)
+    assert predicted["throughput_rps"] == pytest.approx(run.measured["throughput_rps"], rel=0.15)
     assert predicted["tpot_p50_s"] == pytest.approx(run.measured["tpot_p50_s"], rel=0.30)
+
+
+def test_an_overloaded_held_out_run_is_thinned_and_replays_its_capacity_within_band(runs):
+    # Llama-3.1-8B offered 309 req/s, measured 25.0 req/s for the hour. Thinned to the cap
+    # (rate_scale < 1) it must stay saturated, and its steady completions after the warm-up
+    # price the capacity. Band: 20% (the validation's median for saturated runs is stated in
+    # docs/validation-gpu.md; the fit saw steps, never a serving run).
+    run = runs[8 * 40]
+    assert sum(run.adapter_rates) == pytest.approx(308.8, abs=0.1)
+    coeffs = load_profile(PROFILES_DIR / f"{PROFILE_NAME}.yaml").coefficients
+    predicted = predict_run(run, coeffs)
+    assert predicted["rate_scale"] < 1 and predicted["is_saturated"]
+    assert predicted["throughput_rps"] == pytest.approx(run.measured["throughput_rps"], rel=0.20)
+
+
+def test_a_warmup_not_inside_the_window_is_refused(runs):
+    coeffs = load_profile(PROFILES_DIR / f"{PROFILE_NAME}.yaml").coefficients
+    with pytest.raises(ValueError, match="warmup_s=60.0 with window_s=60.0"):
+        predict_run(runs[0], coeffs, window_s=60.0, warmup_s=60.0)
