@@ -110,7 +110,7 @@ workload:
   num_adapters: 3
   num_output_tokens: 64
   arrival_rate_per_s: 30.0
-slo: {ttft_p99_s: 2.0, tpot_p99_s: 0.05}
+slo: {ttft_p99_s: 1.0, tpot_p99_s: 0.05}
 search:
   gpus: [H100-SXM, A100-80GB, H20]
   max_num_replicas: 8

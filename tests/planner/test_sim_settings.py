@@ -165,6 +165,6 @@ def test_the_report_says_when_runs_stopped_at_the_window():
     result = simulate_strategy(scenario, 0)
     windowed = pd.DataFrame([{"strategy": "multi_lora", **result.summary}])
     assert f"stopped at simulation.window_s = {window_s:g} s" in _sim_sections(
-        windowed, pd.DataFrame(), pd.DataFrame())[0].text
+        windowed, pd.DataFrame(), pd.DataFrame(), scenario)[0].text
     whole = windowed.drop(columns=["window_s", "num_turns_unfinished_in_window"])
-    assert "window" not in _sim_sections(whole, pd.DataFrame(), pd.DataFrame())[0].text
+    assert "window" not in _sim_sections(whole, pd.DataFrame(), pd.DataFrame(), scenario)[0].text
