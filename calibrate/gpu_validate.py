@@ -203,7 +203,8 @@ NOTES = """## What the errors say
   reply lengths are drawn log-normal around each run's logged mean lengths (sigma 1.0 and
   0.9, assumed; the runs log only the means) under vLLM's ShareGPT filter, so the p99s depend
   on that assumption.
-* TPOT p50 of light runs comes out about 15% slow: their steps mix prompt chunks (up to 2,048
+* TPOT p50 of light (unsaturated) runs scatters both ways around a small slow bias (row
+  saturated=False; signed errors in the JSON): their steps mix prompt chunks (up to 2,048
   tokens) with decodes, where the LoRA grid's growth with the step's token blocks is
   extrapolated (the fit saw steps of 1 and 220-250 tokens), and the working-program cost of
   the split-K shrink at batches under 128 is priced as the expand's.
