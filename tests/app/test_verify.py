@@ -13,6 +13,7 @@ import pytest
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
+from tiny_verify import tiny_verify_scenario  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from calibrate.verify_engine import EngineMissing, check_engine_installed  # noqa: E402
@@ -22,40 +23,7 @@ from planner.scenario.schema import SloConfig  # noqa: E402
 from planner.verify.checks import compare_rows, slo_checks  # noqa: E402
 from planner.verify.prepare import PlanMismatch, planned_deployments  # noqa: E402
 
-SCENARIO = """\
-name: tiny_verify
-description: Multi-LoRA on the tiny vLLM Llama (CPU), small enough to verify in a test.
-model: vllm-tiny-llama
-hardware:
-  gpu: cpu
-engine:
-  max_num_seqs: 8
-  max_num_batched_tokens: 512
-  block_size: 32
-  max_loras: 2
-  max_cpu_loras: 4
-  max_lora_rank: 8
-  kv_cache_memory_bytes: 16777216
-strategies:
-  - kind: multi_lora
-    adapters:
-      - {name: a0, rank: 8, target_modules: [q_proj, v_proj]}
-      - {name: a1, rank: 8, target_modules: [q_proj, v_proj]}
-workload:
-  kind: punica
-  num_requests: 60
-  num_adapters: 2
-  popularity: uniform
-  max_prompt_tokens: 64
-  num_output_tokens: 8
-  arrival_rate_per_s: 4.0
-slo:
-  SLO_LINE
-search:
-  num_seeds: 1
-  max_turns_per_evaluation: 60
-seed: 0
-"""
+SCENARIO = tiny_verify_scenario("tiny_verify", "small enough to verify in a test", 60, "SLO_LINE")
 NUM_REQUESTS = 6
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from local_schedulers import missing_slurm, start_ray, start_slurm
+from tiny_verify import tiny_verify_scenario
 
 from sim.cost.profile import load_profile
 
@@ -21,40 +22,8 @@ CLUSTER = REPO / "calibrate" / "cluster"
 MOLCAP = f"{sys.executable} -m app.cli"
 NUM_REQUESTS = 4
 JOB_TIMEOUT_S = 1500  # a loaded machine: minutes per vLLM engine start
-SCENARIO = """\
-name: cluster_verify
-description: Multi-LoRA on the tiny vLLM Llama (CPU), verified by a cluster job.
-model: vllm-tiny-llama
-hardware:
-  gpu: cpu
-engine:
-  max_num_seqs: 8
-  max_num_batched_tokens: 512
-  block_size: 32
-  max_loras: 2
-  max_cpu_loras: 4
-  max_lora_rank: 8
-  kv_cache_memory_bytes: 16777216
-strategies:
-  - kind: multi_lora
-    adapters:
-      - {name: a0, rank: 8, target_modules: [q_proj, v_proj]}
-      - {name: a1, rank: 8, target_modules: [q_proj, v_proj]}
-workload:
-  kind: punica
-  num_requests: 40
-  num_adapters: 2
-  popularity: uniform
-  max_prompt_tokens: 64
-  num_output_tokens: 8
-  arrival_rate_per_s: 4.0
-slo:
-  e2e_p99_s: 60.0
-search:
-  num_seeds: 1
-  max_turns_per_evaluation: 40
-seed: 0
-"""
+SCENARIO = tiny_verify_scenario(
+    "cluster_verify", "verified by a cluster job", 40, "e2e_p99_s: 60.0")
 
 
 @pytest.fixture(scope="module")
