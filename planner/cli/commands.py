@@ -160,10 +160,13 @@ def _print_plan(result) -> None:
     for key, message in result.errors.items():
         errors.print(f"point {key} failed: {message}", markup=False)
     from planner.scenario.accuracy_notes import accuracy_notes
-    from planner.scenario.pricing import pricing_sources
+    from planner.scenario.pricing import gpu_pricing_source
 
-    for label, source in pricing_sources(result.scenario).items():
-        console.print(f"  {label} priced by {source}")
+    # One line per GPU kind the plans chose (all strategies share a GPU kind's pricing).
+    chosen = [row["gpu"] for row in result.plans.to_dict("records") if row.get("is_feasible")]
+    for gpu in dict.fromkeys(chosen or [result.scenario.hardware.gpu_spec.name]):
+        console.print(f"  {gpu} priced by {gpu_pricing_source(result.scenario, gpu)}",
+                      markup=False)
     for label, note in accuracy_notes(result.scenario).items():
         console.print(f"  {label} {note}", markup=False)
     console.print(f"report: {result.report_path}")

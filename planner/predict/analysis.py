@@ -81,7 +81,7 @@ def _replay_in_step_s(costing: StrategyCosting, num_query_tokens: int,
 
 
 def _step_s(c, p, items: list[tuple]) -> float:
-    new, ctx, first, last, replay, samples = (list(column) for column in zip(*items))
+    new, ctx, first, last, replay, samples = (list(column) for column in zip(*items, strict=True))
     batch = create_step_batch(new, ctx, num_layers=p.num_layers, adapter_ids=[0] * len(new),
                               is_adapted=[True] * len(new), first_layer=first, last_layer=last,
                               is_replay=replay, is_last_chunk=samples)

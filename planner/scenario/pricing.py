@@ -17,6 +17,7 @@ from planner.scenario.schema import Scenario
 from sim.cost.cost_model import CostCoeffs, default_coeffs
 from sim.cost.layer_costs import LayerCosts, create_layer_costs
 from sim.cost.profile import PROFILES_DIR, CalibrationProfile, load_profile, profile_path
+from sim.hardware.catalogue import GPUS
 from sim.hardware.specs import GpuSpec, ModelArch
 from sim.io.yaml_input import ScenarioError, parse_yaml
 from sim.strategies.placement import KvLayout, adapter_placements
@@ -191,6 +192,14 @@ def pricing_sources(scenario: Scenario, base_dir: Path | None = None) -> dict[st
     """Strategy label -> the line saying which profile (or assumed default) prices it."""
     source = resolve_pricing(scenario, base_dir).describe()
     return {strategy.label: source for strategy in scenario.strategies}
+
+
+def gpu_pricing_source(scenario: Scenario, gpu_name: str, base_dir: Path | None = None) -> str:
+    """The line saying which profile prices deployments on `gpu_name`: the scenario's own GPU
+    as `resolve_pricing` says, another catalogue GPU by its shipped default."""
+    if gpu_name == scenario.hardware.gpu_spec.name or gpu_name not in GPUS:
+        return resolve_pricing(scenario, base_dir).describe()
+    return _gpu_default(GPUS[gpu_name]).describe()
 
 
 def check_named_profile(scenario: Scenario, text: str, source: str, base_dir: Path) -> None:

@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 
 from planner.scenario.loading import ScenarioError, load_scenario
-from planner.scenario.pricing import DEFAULT_PROFILES, pricing_sources, resolve_pricing
+from planner.scenario.pricing import (
+    DEFAULT_PROFILES,
+    gpu_pricing_source,
+    pricing_sources,
+    resolve_pricing,
+)
 from sim.cost.cost_model import DEFAULT_COEFFS
 from sim.cost.profile import PROFILES_DIR, load_profile, profile_path
 
@@ -147,3 +152,12 @@ def test_a_profile_path_relative_to_the_scenario_is_anchored_to_its_folder(tmp_p
     assert resolve_pricing(scenario).profile.name == SHIPPED.stem
     named = load_scenario(scenario_file(tmp_path, profile=SHIPPED.stem))
     assert named.hardware.profile == SHIPPED.stem  # names stay names
+
+
+def test_each_chosen_gpu_is_named_with_the_profile_that_prices_it(tmp_path):
+    # A search over other GPU kinds prices them with their own shipped profiles, and the plan's
+    # "priced by" line must name that one, not the scenario GPU's.
+    scenario = load_scenario(scenario_file(tmp_path, gpu="H200", model="llama-3.1-8b"))
+    assert "h200-scaled" in gpu_pricing_source(scenario, "H200")
+    assert "h20-scaled" in gpu_pricing_source(scenario, "H20")
+    assert "h100-64gb-vllm085" in gpu_pricing_source(scenario, "H100-64GB")
