@@ -142,21 +142,24 @@ def test_shipped_profile_predicts_small_workloads_within_a_loose_bound(measured)
             assert abs(error) < bound, (kind, metric, error, drift)
 
 
-def _ratio_error(measured, predicted) -> float:
-    """Error of the predicted LoRA_P / LoRA throughput ratio (what the adapters cost)."""
+def _ratio(results: dict[str, dict]) -> float:
+    """LoRA_P / LoRA throughput: what the adapters' decode-time work costs."""
     key = "throughput_tokens_per_s"
-    real = measured["lora_p"][1][key] / measured["lora"][1][key]
-    return predicted["lora_p"][key] / predicted["lora"][key] / real - 1
+    return results["lora_p"][key] / results["lora"][key]
 
 
 def test_fitted_lora_mechanisms_explain_lora_vs_lora_p_where_the_assumed_ones_do_not(measured):
-    fitted = load_profile(PROFILES_DIR / "cpu-vllm-tiny-llama.yaml").coefficients
-    fitted_error = _ratio_error(measured, _predicted(measured, fitted))
-    assert abs(fitted_error) < 0.12, fitted_error  # measured 3% here
-    # Before calibration the cpu entry priced LoRA as two flat constants: LoRA_P came out
-    # about as fast as LoRA, far from the measured gap.
-    assumed_error = _ratio_error(measured, _predicted(measured, ASSUMED_BEFORE))
-    assert abs(assumed_error) > 0.15  # measured 23% here
+    # How close the fitted ratio comes is an accuracy figure, published by `molcap calibrate
+    # validate` in docs/validation.md, not asserted here: on a loaded machine the measured ratio
+    # moved from 1.27 to 1.6 between runs. What must hold at any load: the fitted mechanism
+    # prices the per-token LoRA work that LoRA_P skips, the assumed flat constants do not, and
+    # the engine's gap is nearer the fitted ratio than the assumed one.
+    fitted = _ratio(_predicted(measured, load_profile(
+        PROFILES_DIR / "cpu-vllm-tiny-llama.yaml").coefficients))
+    assumed = _ratio(_predicted(measured, ASSUMED_BEFORE))
+    assert assumed < 1.05 < 1.15 < fitted, (assumed, fitted)
+    real = _ratio({kind: summary for kind, (_, summary, _, _) in measured.items()})
+    assert abs(fitted / real - 1) < abs(assumed / real - 1), (real, fitted, assumed)
 
 
 def test_every_validation_run_starts_from_an_empty_prefix_cache(session):
