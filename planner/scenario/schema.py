@@ -223,10 +223,17 @@ def _strategy_problems(s: Scenario) -> list[str]:
         arch = s.strategy_arch(i)
         where = f"strategies.{i}"
         needs_ced = get_strategy(strategy.kind).needs_ced_model
-        if needs_ced and not arch.is_ced:
+        decoder_only = strategy.decoder_only_problems(arch, where)
+        if needs_ced and not arch.is_ced and decoder_only is None:
             out.append(f"{where}.kind: {strategy.kind!r} needs a causal encoder-decoder model; "
                        f"{arch.name!r} is decoder-only (CED models: "
                        f"{sorted(n for n, m in MODELS.items() if m.is_ced)})")
+        elif needs_ced and not arch.is_ced:
+            out += decoder_only
+        elif getattr(strategy, "route_layer", None) is not None:
+            out.append(f"{where}.route_layer: {strategy.route_layer} is for decoder-only models; "
+                       f"{arch.name!r} routes on its own routing layer "
+                       f"{arch.ced.routing_layer if arch.ced else '-'}; remove it")
         for j, adapter in enumerate(getattr(strategy, "adapters", ())):
             at = f"{where}.adapters.{j}"
             if adapter.rank > s.engine.max_lora_rank:

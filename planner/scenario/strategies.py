@@ -59,6 +59,11 @@ class _StrategyBase(FrozenModel):
         """The simulator's strategy numbers (`sim.config.StrategySpec`) this kind sets."""
         return {}
 
+    def decoder_only_problems(self, arch, where: str) -> list[str] | None:
+        """For a kind that needs a CED model: what keeps it from a decoder-only `arch` ([]:
+        nothing, it runs there); None: it needs a CED model."""
+        return None
+
 
 class _AdapterStrategy(_StrategyBase):
     adapters: tuple[AdapterConfig, ...] = Field(min_length=1)
@@ -269,12 +274,43 @@ class Mol2Strategy(_RoutedStrategy, _SharedKvStrategy):
     GPU time inside the answer's prefill step is at least this. In the analytical comparisons
     it replaces the derived time."""
 
+    route_layer: int | None = Field(default=None, ge=0)
+    """Decoder-only models only: the decoder layer whose output the pointer head reads, as the
+    molcap vLLM plugin routes inside the engine (every adapter sits above it, so the state it
+    reads is the base model's; the KV above it is per adapter). None: the CED model's routing
+    layer."""
+
     card_router_kind: ClassVar[str] = "mol2"
     """The router kind of card this strategy accepts."""
 
     def sim_fields(self, adapter_names: list[str]) -> dict:
         return {**super().sim_fields(adapter_names), "routing": self.routing,
                 "num_head_params": self.num_head_params}
+
+    def routing_layer(self, arch) -> tuple[int, str]:
+        if self.route_layer is not None:
+            return self.route_layer, "its route_layer"
+        return super().routing_layer(arch)
+
+    def decoder_only_problems(self, arch, where: str) -> list[str] | None:
+        if self.route_layer is None:
+            return None
+        k, top = self.route_layer, arch.num_layers - 1
+        if k >= top:
+            return [f"{where}.route_layer: {k} leaves no layer above it for the adapters of "
+                    f"{arch.name!r} ({arch.num_layers} layers); allowed: 0..{top - 1}"]
+        out = []
+        if self.routing != "in_engine":
+            out.append(f"{where}.routing: {self.routing!r} with route_layer on decoder-only "
+                       f"{arch.name!r}: the pointer head rides the answer's prefill there; "
+                       "allowed: in_engine")
+        for j, a in enumerate(self.adapters):
+            if a.layers is None or min(a.layers) <= k:
+                shown = "every layer" if a.layers is None else list(a.layers)
+                out.append(f"{where}.adapters.{j}.layers: {shown} reaches route_layer {k} or "
+                           f"below (the router reads layer {k}'s adapter-free output); allowed: "
+                           f"layers {k + 1}..{top}")
+        return out
 
 
 class MultiAgentStrategy(_AdapterStrategy):
