@@ -129,7 +129,10 @@ def fitting_candidates(scenario: Scenario, index: int,
 def replica_rate_bound(scenario: Scenario, index: int, d: Deployment,
                        shape: WorkloadShape) -> float:
     """Analytical upper bound on arrivals/s one replica serves: decode- or prefill-bound."""
-    costing = create_strategy_costing(scenario, index, gpu=gpu_specs(scenario)[d.gpu],
+    # Priced on the candidate's own engine limits: vLLM's LoRA kernel grid spans its
+    # max_loras + 1 slots, so a candidate with fewer slots than the scenario's is cheaper.
+    costing = create_strategy_costing(with_deployment(scenario, d), index,
+                                      gpu=gpu_specs(scenario)[d.gpu],
                                       tensor_parallel_size=d.tensor_parallel_size)
     c, p = costing.coeffs, costing.profile
     ctx = int(shape.mean_context_tokens)

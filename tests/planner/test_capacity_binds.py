@@ -145,3 +145,20 @@ def test_no_replica_serves_more_than_the_slack_over_its_analytical_bound(workloa
         served = simulate_strategy(point, 0, seed=scenario.seed).summary["turns_per_s"]
         arrivals_per_s = served / shape.turns_per_arrival
         assert arrivals_per_s <= BOUND_SLACK * bound, (d.gpu, arrivals_per_s, bound)
+
+
+
+def test_the_rate_bound_prices_each_candidate_on_its_own_lora_slots():
+    # vLLM's LoRA kernels span max_loras + 1 slots, so the bound of a 4-slot candidate must not
+    # depend on the scenario's own engine.max_loras: priced at the scenario's 16 slots, its
+    # bound came out lower, and a lower bound can drop a plan the candidate serves.
+    def bound(engine_max_loras):
+        text = SCENARIO.replace("max_loras: 2,", f"max_loras: {engine_max_loras},").replace(
+            "search:\n", "search:\n  max_loras: [4]\n")
+        scenario = scenario_from_text(text.replace("{SLO}", "{ttft_p99_s: 1.0}"), "slots.yaml")
+        shape = workload_shape(scenario)
+        d = fitting_candidates(scenario, 0, shape)[0][0]
+        assert d.max_loras == 4 and scenario.engine.max_loras == engine_max_loras
+        return smallest_rate_bound(scenario, 0, d, shape)
+
+    assert bound(16) == bound(4)
