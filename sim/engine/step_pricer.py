@@ -20,6 +20,7 @@ import numpy as np
 from sim.cost.cost_model import (
     CostCoeffs,
     StepBatch,
+    StepCost,
     attention_s_per_item,
     create_step_batch,
     predict_step,
@@ -86,6 +87,13 @@ class DecodeRun:
         return hi
 
 
+def non_attention_s(cost: StepCost) -> float:
+    """The step's seconds but attention: its other terms summed (so that the value depends on
+    those terms only, not on the float rounding of the attention it leaves out)."""
+    return (cost.dense_gemm_s + cost.moe_gemm_s + cost.lora_s + cost.direft_s + cost.replay_s
+            + cost.routing_s + cost.communication_s + cost.overhead_s)
+
+
 _SHARED_NON_ATTENTION: dict[str, dict[tuple, float]] = {}
 """Non-attention step seconds by pricing identity, kept across runs of one process: a capacity
 search simulates the same deployment many times (seeds, rates) and re-pricing the same step
@@ -117,6 +125,15 @@ class StepPricer:
         self._chunk_attention_s: dict[tuple[int, int, int, int], float] = {}
         self._table = np.zeros(0)
         self.num_predict_calls = 0
+        # Per-layer widths the cost model multiplies token counts by: while they are whole
+        # numbers, its sums over items are exact (below 2**53), and a plain step is priced from
+        # its counts (`_key_batch`).
+        widths = (profile.adapter_weights_prefix, profile.lora_wrapped_in_prefix,
+                  profile.lora_wrapped_out_prefix)
+        self._max_exact_tokens = 0
+        if all(np.array_equal(w, np.round(w)) for w in widths):
+            largest = max(1.0, *(float(np.abs(w).max(initial=0.0)) for w in widths))
+            self._max_exact_tokens = int(2.0**52 / largest)
 
     def batch(self, plan: StepPlan) -> StepBatch:
         """The cost model's view of `plan`'s first step."""
@@ -282,16 +299,44 @@ class StepPricer:
         cached = self._non_attention_s.get(key)
         if cached is None:
             self.num_predict_calls += 1
+            if is_plain and key[0] <= self._max_exact_tokens:
+                cached = non_attention_s(predict_step(self.coeffs, self.profile,
+                                                      self._key_batch(key)))
+                self._non_attention_s[key] = cached
+                return cached
             batch = self.batch(plan)
             cost = predict_step(self.coeffs, self.profile, batch)
             if is_plain:
-                cached = cost.total_s - cost.attention_s
+                cached = non_attention_s(cost)
             else:  # replay_s holds the replays' attention too: take every item's out
                 cached = cost.total_s - float(attention_s_per_item(
                     self.coeffs, self.profile, batch.num_new_tokens, batch.num_context_tokens,
                     batch.first_layer, batch.last_layer).sum())
             self._non_attention_s[key] = cached
         return cached
+
+    def _key_batch(self, key: tuple) -> StepBatch:
+        """A batch of `_plan_key` `key`'s counts: its items, sampled items and tokens, the
+        adapted tokens on the first item and one adapted item per distinct adapter, the other
+        tokens on an unadapted item. Every term but attention sees a full-layer batch only
+        through those counts (sums of integer-valued floats, exact in any order while
+        `_max_exact_tokens` bounds the tokens), so it prices every plan of that key as the
+        plan's own batch does, bit for bit, without a walk over the plan's sequences."""
+        num_tokens, num_samples, num_adapted, num_adapters, num_items, num_routing, \
+            has_prompt = key
+        new = np.zeros(num_items, np.int64)
+        new[0] = num_adapted
+        if num_tokens > num_adapted:  # unadapted tokens: there is an unadapted item
+            new[num_adapters] += num_tokens - num_adapted
+        ids = np.full(num_items, -1, np.int64)
+        ids[:num_adapters] = np.arange(num_adapters)
+        is_prompt = np.zeros(num_items, bool)
+        is_prompt[0] = has_prompt
+        return create_step_batch(
+            new, np.zeros(num_items, np.int64), num_layers=self.profile.num_layers,
+            adapter_ids=ids, is_adapted=ids >= 0, is_last_chunk=np.arange(num_items) < num_samples,
+            is_replay=np.zeros(num_items, bool), is_prompt=is_prompt,
+            num_routing_decisions=num_routing)
 
     def decode_run(self, plan: StepPlan, num_steps: int) -> DecodeRun:
         """Step times of repeating the pure-decode `plan` up to `num_steps` times."""
