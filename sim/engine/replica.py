@@ -87,14 +87,18 @@ class Replica:
             _attribute(plan, env.now - start, self.pricer.num_decode_compute_tokens)
             self.counter.add(num_steps)
             self.on_sample(self, env.now, len(plan.decodes) + len(plan.prefills))
-            for seq in engine.commit(plan, num_steps, env.now):
-                self._notify(seq)
+            finished = engine.commit(plan, num_steps, env.now)
+            if finished:
+                self._notify(finished)
 
-    def _notify(self, seq: Sequence) -> None:
-        """Run `seq.on_done(seq)` from an event now, after this replica has planned its next
-        step (as a process waiting on the sequence would)."""
+    def _notify(self, finished: list[Sequence]) -> None:
+        """Run each finished sequence's `on_done` from one event now, in order, after this
+        replica has planned its next step (as processes waiting on the sequences would). One
+        event for them all calls them in the order one event each would: those events would
+        follow each other in the queue (nothing this code schedules outranks them), and what
+        a callback schedules at this time still runs after all of them."""
         event = self.env.event()
-        event.callbacks.append(lambda _event: seq.on_done(seq))
+        event.callbacks.append(lambda _event: [seq.on_done(seq) for seq in finished])
         event.succeed()
 
     def _decode_run(self, plan, start: float):
