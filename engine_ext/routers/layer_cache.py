@@ -1,0 +1,136 @@
+"""Pooled SmolLM2 states of every layer, computed once per text and cached on disk.
+
+The probe sweep (`probe_layers`) asks which layer and which pooling carry a routing label. One
+pass over a text gives every layer's output at once, so each text is run once through all 30
+decoder layers with the routers' own code path (`DecoderOnlyEngine._run_layers`, one layer at a
+time: the same numbers `states.pooled_states` gives at its route layer), and two poolings of
+each layer are kept:
+
+* `mean`: the mean over the turn's tokens (what MoL2 and Contextual MoL read today);
+* `last`: the state of the turn's last token (what a causal model has summarised by then).
+
+Row 0 of a layer axis is the token embeddings, row i + 1 the output of decoder layer i.
+The cache is a folder of chunks (`chunk_<digest>.npz`: the texts and float32 arrays
+[layers + 1, n, D] per pooling); a text is looked up by content, so splits that share texts
+(a 30-per-class sample inside the whole training split) share their rows, and an interrupted
+pass resumes at the next chunk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine_ext.routing import pad_token_lists
+
+POOLINGS = ("mean", "last")
+CHUNK = 250
+"""Texts per cache file (what an interrupted pass loses at most)."""
+
+
+def pool(h: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Both poolings of right-padded states h [B, T, D] with mask [B, T] -> {name: [B, D]}."""
+    weights = mask.to(h.dtype).unsqueeze(-1)  # [B, T, 1]
+    mean = (h * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+    last_pos = mask.long().sum(1).clamp(min=1) - 1  # [B]
+    last = h[torch.arange(h.shape[0]), last_pos]
+    return {"mean": mean, "last": last}
+
+
+@torch.no_grad()
+def all_layer_pooled(engine, ids: list[list[int]]) -> dict[str, torch.Tensor]:
+    """Pooled states of every layer of right-padded sequences: {pooling: [layers + 1, B, D]}.
+
+    Right padding is exact for a causal model: a real position never attends to a later pad.
+    """
+    tokens, mask = pad_token_lists(ids)
+    cache = engine.new_cache(tokens.shape[0])
+    positions = torch.arange(tokens.shape[1])
+    h = engine.hf.model.embed_tokens(tokens)  # [B, T, D]
+    found = {name: [v] for name, v in pool(h, mask).items()}
+    for idx in range(len(engine.layers)):
+        h = engine._run_layers(h, cache, idx, idx + 1, positions)
+        for name, v in pool(h, mask).items():
+            found[name].append(v)
+    return {name: torch.stack(vs) for name, vs in found.items()}
+
+
+def _digest(texts: list[str]) -> str:
+    digest = hashlib.sha256(b"smollm2-135m-instruct|all-layers|v1")
+    for t in texts:
+        digest.update(t.encode() + b"\x1f")
+    return digest.hexdigest()[:20]
+
+
+class LayerCache:
+    """Every layer's pooled states of the texts it has seen, by text."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self._where: dict[str, tuple[Path, int]] = {}
+        for path in sorted(self.folder.glob("chunk_*.npz")):
+            with np.load(path) as f:
+                for row, text in enumerate(f["texts"].tolist()):
+                    self._where.setdefault(text, (path, row))
+
+    def missing(self, texts) -> list[str]:
+        """Texts not cached yet, each once, in first-seen order."""
+        return list(dict.fromkeys(t for t in texts if t not in self._where))
+
+    def fill(self, texts, engine, tokenize, batch: int = 32, log=print) -> int:
+        """Run the texts not cached yet through every layer, CHUNK texts per file; returns how
+        many were computed."""
+        todo = self.missing(texts)
+        for start in range(0, len(todo), CHUNK):
+            part = todo[start : start + CHUNK]
+            self._write(part, self._compute(part, engine, tokenize, batch))
+            log(f"layer cache: {min(start + CHUNK, len(todo))}/{len(todo)} texts", flush=True)
+        return len(todo)
+
+    @staticmethod
+    def _compute(texts: list[str], engine, tokenize, batch: int) -> dict[str, np.ndarray]:
+        ids = [tokenize(t) for t in texts]
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        out: dict[str, np.ndarray] = {}
+        for start in range(0, len(ids), batch):
+            pick = order[start : start + batch]
+            for name, v in all_layer_pooled(engine, [ids[i] for i in pick]).items():
+                if name not in out:
+                    out[name] = np.empty((v.shape[0], len(ids), v.shape[2]), np.float32)
+                out[name][:, pick] = v.numpy()
+        return out
+
+    def _write(self, texts: list[str], arrays: dict[str, np.ndarray]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"chunk_{_digest(texts)}.npz"
+        tmp = path.with_name(f"tmp_{os.getpid()}_{path.name}")  # not matched by chunk_*
+        np.savez(tmp, texts=np.array(texts), **arrays)
+        tmp.replace(path)
+        for row, text in enumerate(texts):
+            self._where.setdefault(text, (path, row))
+
+    def states(self, texts, pooling: str) -> np.ndarray:
+        """Cached states of the texts [layers + 1, N, D] for one pooling (KeyError if one is
+        missing)."""
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling {pooling!r}: allowed {POOLINGS}")
+        lost = self.missing(texts)
+        if lost:
+            raise KeyError(f"{len(lost)} texts not in the layer cache {self.folder}, e.g. "
+                           f"{lost[0]!r}")
+        by_file: dict[Path, list[tuple[int, int]]] = {}
+        for i, t in enumerate(texts):
+            path, row = self._where[t]
+            by_file.setdefault(path, []).append((i, row))
+        out = None
+        for path, pairs in by_file.items():
+            with np.load(path) as f:
+                block = f[pooling]
+            if out is None:
+                out = np.empty((block.shape[0], len(texts), block.shape[2]), np.float32)
+            out[:, [i for i, _ in pairs]] = block[:, [r for _, r in pairs]]
+        return out

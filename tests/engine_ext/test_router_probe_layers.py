@@ -1,0 +1,97 @@
+"""The layer x pooling probe sweep: every layer's pooled states equal the routers' own pass at
+that layer, the cache shares rows by text, and the probe on the repository's slices reads the
+label from the states and not from shuffled labels."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+from engine_helpers import tiny_llama
+
+from engine_ext.decoder_only import DecoderOnlyEngine
+from engine_ext.routers.datasets import RoutingSet, RoutingSplit, domains4_set
+from engine_ext.routers.layer_cache import LayerCache, all_layer_pooled
+from engine_ext.routers.probe_layers import best_cells, render_markdown, sweep_setting
+from engine_ext.routers.states import pooled_states
+
+
+def _tokenize(text: str) -> list[int]:
+    return [ord(c) % 100 for c in text[:40]]
+
+
+def _engine(route_layer: int | None = None) -> DecoderOnlyEngine:
+    return DecoderOnlyEngine(tiny_llama(), max_loras=2, max_lora_rank=8, route_layer=route_layer)
+
+
+@torch.no_grad()
+def test_every_layer_and_both_poolings_equal_the_route_pass_at_that_layer():
+    ids = [_tokenize(t) for t in ("short one", "a much longer sentence with more tokens", "x")]
+    found = all_layer_pooled(_engine(), ids)
+    assert found["mean"].shape == (5, 3, 32)  # embeddings + 4 layers
+    for k in range(4):
+        engine = _engine(route_layer=k)
+        torch.testing.assert_close(found["mean"][k + 1], pooled_states(engine, ids))
+        for i, seq in enumerate(ids):  # last pooling: the last real token of an unpadded pass
+            alone = engine.prefill_shared(engine.new_cache(1), torch.tensor([seq]))
+            torch.testing.assert_close(found["last"][k + 1, i], alone[0, -1],
+                                       rtol=1e-5, atol=1e-5)
+
+
+def test_the_cache_computes_each_text_once_and_returns_rows_in_the_asked_order(tmp_path):
+    engine = _engine()
+    cache = LayerCache(tmp_path)
+    assert cache.fill(["alpha", "beta", "alpha"], engine, _tokenize, log=lambda *a, **k: None) == 2
+    assert cache.fill(["beta", "gamma"], engine, _tokenize, log=lambda *a, **k: None) == 1
+    again = LayerCache(tmp_path)  # read back from the files
+    asked = ["gamma", "beta", "alpha"]  # beta after alpha in one file: reordered within it
+    got = again.states(asked, "last")
+    direct = all_layer_pooled(engine, [_tokenize(t) for t in asked])["last"]
+    np.testing.assert_allclose(got, direct.numpy(), rtol=1e-5, atol=1e-5)
+    try:
+        again.states(["delta"], "mean")
+    except KeyError as err:
+        assert "delta" in str(err)
+    else:
+        raise AssertionError("a text never computed must not be served")
+
+
+def _shuffled(routing_set: RoutingSet) -> RoutingSet:
+    labels = list(routing_set.train.labels)
+    random.Random(1).shuffle(labels)
+    return RoutingSet(routing_set.name, routing_set.options, routing_set.descriptions,
+                      RoutingSplit(routing_set.train.texts, tuple(labels)), routing_set.val,
+                      routing_set.test, routing_set.sources)
+
+
+def test_the_sweep_reads_the_domain_from_the_states_and_not_from_shuffled_labels(tmp_path):
+    domains = domains4_set({"train": 40, "val": 1, "test": 20}, max_bytes=40_000)
+    cache = LayerCache(tmp_path)
+    cache.fill(domains.train.texts + domains.test.texts, _engine(), _tokenize,
+               log=lambda *a, **k: None)
+    cells = sweep_setting(cache, domains, "heads", [-1, 1, 3])
+    assert [(c.layer, c.pooling) for c in cells] == [
+        (-1, "mean"), (1, "mean"), (3, "mean"), (-1, "last"), (1, "last"), (3, "last")]
+    assert {c.num_train for c in cells} == {160}
+    # bags of characters: code, licences, chat and prose differ (chance 0.25)
+    assert max(c.accuracy for c in cells if c.pooling == "mean") > 0.45
+    control = sweep_setting(cache, _shuffled(domains), "heads", [-1, 1, 3], ("mean",))
+    assert max(c.accuracy for c in control) < 0.4
+
+
+def test_the_table_names_the_best_cell_and_whether_it_reaches_the_tfidf_bar():
+    bar = {"setting": "s", "sample": "full", "num_train": 1234, "num_test": 50, "accuracy": 0.9}
+    cells = [{"setting": "s", "sample": "full", "layer": layer, "pooling": p,
+              "num_train": 1234, "num_test": 50, "accuracy": acc}
+             for layer, p, acc in ((25, "mean", 0.8), (12, "mean", 0.91), (12, "last", 0.85))]
+    doc = {"tfidf": [bar], "cells": cells}
+    [row] = best_cells(doc)
+    assert (row["best"]["layer"], row["best"]["pooling"], row["reaches_tfidf"]) == (12, "mean",
+                                                                                    True)
+    assert row["today"] == 0.8
+    text = render_markdown(doc)
+    assert "| s | full | 1,234 / 50 | 90.0 | 80.0 | 91.0 (L12, mean) | yes |" in text
+    assert "| 12 | 91.0* | 85.0 |" in text
+    cells[1]["accuracy"] = 0.89
+    assert best_cells(doc)[0]["reaches_tfidf"] is False
