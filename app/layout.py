@@ -49,3 +49,14 @@ def require(scenario: Scenario | None, problems: list[str]) -> Scenario:
                  + "\n".join(f"- `{m}`" for m in problems))
         st.stop()
     return scenario
+
+
+def raw_downloads(name: str, table, key: str) -> None:
+    """The raw table (every column, unrounded) as CSV and parquet downloads: the tables shown
+    are for people, the files for further work."""
+    left, right = st.columns(2)
+    left.download_button(f"{name}.csv", table.to_csv(index=False), file_name=f"{name}.csv",
+                         mime="text/csv", icon=":material/download:", key=f"{key}_csv")
+    right.download_button(f"{name}.parquet", table.to_parquet(index=False),
+                          file_name=f"{name}.parquet", mime="application/octet-stream",
+                          icon=":material/download:", key=f"{key}_parquet")

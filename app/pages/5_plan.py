@@ -66,7 +66,8 @@ def _show(scenario, plan: PlanTables) -> None:
         reasons = "\n".join(f"- {r}" for r in row["candidate_reasons"] if r)
         st.warning(f"**{row['strategy']}: no plan.** Why, per candidate:\n\n{reasons}")
     if not plan.trials.empty:
-        st.plotly_chart(pareto_figure(plan.trials), width="stretch")
+        st.plotly_chart(pareto_figure(plan_intervals(plan.trials, scenario)),
+                        width="stretch", key="plan_pareto")
     if not plan.runner_ups.empty:
         with st.expander(f"runner-ups ({len(plan.runner_ups)})"):
             st.dataframe(people_plan_table(plan.runner_ups.assign(is_feasible=True), errors,

@@ -8,6 +8,7 @@ from app import compute, knobs, layout, state
 from planner.jobs.dashboard import COMPARED_METRICS, compare_summaries
 from planner.outputs.interval_columns import variants_intervals
 from planner.outputs.plan_figures import variants_figure
+from planner.outputs.variant_tables import people_change_table
 from planner.scenario.editing import field_value, set_field
 from planner.scenario.loading import ScenarioError
 
@@ -71,8 +72,10 @@ def main() -> None:
         right.plotly_chart(variants_figure(stacked, right_metric,
                                            COMPARED_METRICS[right_metric]),
                            width="stretch", key=f"cmp_{right_metric}")
-    st.dataframe(changes, hide_index=True, key="compare_changes",
-                 column_config={"relative_change": st.column_config.NumberColumn(format="percent")})
+    st.caption("Each value with its interval where the profile that priced it has a measured "
+               "error ('seeds': the spread over seeds only; a value alone: no measured error).")
+    st.dataframe(people_change_table(changes, stacked), hide_index=True, key="compare_changes")
+    layout.raw_downloads("compare", changes, "compare_raw")
 
 
 main()

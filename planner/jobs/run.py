@@ -130,7 +130,7 @@ def _plan_sections(plans: pd.DataFrame, trials: pd.DataFrame,
     at_target = trials[trials["kind"] == "trial"] if not trials.empty else trials
     feasible = plans["is_feasible"].astype(bool).any()
     figures = [plan_latency_figure(plan_intervals(plans, scenario))] if feasible else []
-    figures += [pareto_figure(at_target)] if not at_target.empty else []
+    figures += [pareto_figure(plan_intervals(at_target, scenario))] if not at_target.empty else []
     table = people_plan_table(plans, errors, confidence)
     return [ReportSection("Capacity plan", text, figures, [table]),
             ReportSection("Runner-ups", "Other verified deployments, cheapest first."
@@ -204,6 +204,18 @@ def _collect(records: dict[str, dict]) -> tuple[dict[str, pd.DataFrame], dict[st
     return {k: pd.DataFrame(v) for k, v in frames.items()}, errors
 
 
+def _with_intervals(frames: dict[str, pd.DataFrame], scenario: Scenario) -> dict:
+    """The plan, trial and summary tables with their interval columns, so the table files
+    (and a saved run read back) carry the interval every printed value has."""
+    out = dict(frames)
+    for name in ("plans", "plan_trials"):
+        if not out[name].empty and "gpu" in out[name]:
+            out[name] = plan_intervals(out[name], scenario)
+    if not out["sim_summary"].empty:
+        out["sim_summary"] = summary_intervals(out["sim_summary"], scenario)
+    return out
+
+
 def run_scenario_file(
     path: str | Path, out_root: str | Path = "out", *, backend: str = "local",
     num_workers: int | None = None, ray_address: str | None = None,
@@ -225,6 +237,7 @@ def run_scenario_file(
                          num_workers=num_workers, ray_address=ray_address,
                          on_done=progress_counter(len(tasks), on_progress))
     frames, errors = _collect(records)
+    frames = _with_intervals(frames, scenario)
     sims = [r["result"] for k, r in records.items() if k.startswith("sim-") and r["status"] == "ok"]
     cut = turns_cut_note(sims)
     notes += (cut,) if cut else ()

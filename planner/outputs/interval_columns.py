@@ -1,7 +1,10 @@
 """Interval columns for the charts: `<metric>_low`, `<metric>_high` and
 `<metric>_measured_error` beside each predicted metric of a table, the same interval the
 people's tables print (the seeds' spread widened by the measured error of the profile that
-priced the row). The figure builders only draw these columns; the pricing stays here."""
+priced the row), and per row what widened it (`interval_source`) at which confidence
+(`interval_confidence`). The figure builders and people's tables only read these columns; the
+pricing stays here. `molcap run` and `molcap sweep` write them into their table files, so a
+saved run shows its intervals without recomputing them."""
 
 from __future__ import annotations
 
@@ -19,6 +22,14 @@ from planner.predict.intervals import (
 
 CHARTED = tuple(VALIDATED_METRIC) + ("goodput_turns_per_s",)
 """Metrics a chart may draw as bars: each gets interval columns where the table has it."""
+
+
+def error_source(errors: ProfileErrors | None) -> str:
+    """What widened the interval: the profile's measured error, or nothing but the seeds."""
+    if errors is None:
+        return "seeds only: no measured error"
+    num = max((len(v) for v in errors.errors.values()), default=0)
+    return f"seeds x measured error of {errors.profile} ({num} workloads)"
 
 
 def with_intervals(frame: pd.DataFrame, errors_by_gpu: Mapping[str, ProfileErrors | None],
@@ -41,6 +52,8 @@ def with_intervals(frame: pd.DataFrame, errors_by_gpu: Mapping[str, ProfileError
             measured.append(interval.has_measured_error)
         out[f"{metric}_low"], out[f"{metric}_high"] = low, high
         out[f"{metric}_measured_error"] = measured
+    out["interval_source"] = [error_source(errors_by_gpu.get(g)) for g in gpus]
+    out["interval_confidence"] = confidence
     return out
 
 
@@ -67,3 +80,20 @@ def variants_intervals(stacked: pd.DataFrame, scenarios: Mapping[str, object]) -
     parts = [summary_intervals(group, scenarios[str(variant)])
              for variant, group in stacked.groupby("variant", sort=False)]
     return pd.concat(parts) if parts else stacked
+
+
+def sweep_intervals(table: pd.DataFrame, scenarios: Mapping[str, object]) -> pd.DataFrame:
+    """A sweep table (column `point`) with interval columns, each point priced by its own
+    scenario (`scenarios`: point key -> Scenario): a swept GPU kind or profile changes the
+    measured error that widens its interval."""
+    errors: dict[tuple, ProfileErrors | None] = {}
+    parts = []
+    for point, group in table.groupby("point", sort=False):
+        scenario = scenarios[str(point)]
+        gpu = scenario.hardware.gpu_spec.name
+        key = (gpu, scenario.hardware.model_dump_json())
+        if key not in errors:  # one validation file read per distinct hardware, not per point
+            errors[key] = pricing_errors(scenario, gpu)
+        parts.append(with_intervals(group, {gpu: errors[key]}, _confidence(scenario),
+                                    default_gpu=gpu))
+    return pd.concat(parts) if parts else table

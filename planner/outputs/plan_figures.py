@@ -85,17 +85,35 @@ COMPARISON_FIGURES = {
 """Comparison name -> its figure builder."""
 
 
+def _band_columns(data: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """`data` with `plus`/`minus` (the interval's distances above and below `metric`) and the
+    interval in words, from the interval columns; zeros where there are none."""
+    value = data[metric].astype(float)
+    if f"{metric}_low" not in data:
+        return data.assign(plus=0.0, minus=0.0, interval="")
+    return data.assign(plus=(data[f"{metric}_high"] - value).clip(lower=0),
+                       minus=(value - data[f"{metric}_low"]).clip(lower=0),
+                       interval=interval_hover(data, metric))
+
+
 def pareto_figure(trials: pd.DataFrame) -> go.Figure:
-    """Cost per hour vs p99 end-to-end latency of every deployment tried at the target rate."""
+    """Cost per hour vs p99 end-to-end latency of every deployment tried at the target rate,
+    the latency's interval as error bars where the trials carry interval columns."""
     data = trials.dropna(subset=["e2e_p99_s"]).assign(
         slo=lambda d: d["meets_slo"].map({True: "meets SLOs", False: "misses SLOs"}))
+    bars = "e2e_p99_s_low" in data
+    data = _band_columns(data, "e2e_p99_s")
     fig = px.scatter(data, x="cost_per_hour_usd", y="e2e_p99_s", color="strategy",
                      symbol="slo", log_y=True, color_discrete_map=_colors(data),
-                     hover_data=["gpu", "tensor_parallel_size", "num_replicas", "max_num_seqs",
-                                 "ttft_p99_s", "tpot_p99_s"],
+                     error_y="plus" if bars else None, error_y_minus="minus" if bars else None,
+                     hover_data={c: True for c in ("gpu", "tensor_parallel_size", "num_replicas",
+                                                   "max_num_seqs", "ttft_p99_s", "tpot_p99_s",
+                                                   "interval") if c in data}
+                     | {"plus": False, "minus": False},
                      labels={"cost_per_hour_usd": "cost (USD per hour)",
                              "e2e_p99_s": "p99 end-to-end per turn (s)"},
-                     title="Deployments tried at the target rate: cost vs p99 latency")
+                     title=with_note("Deployments tried at the target rate: cost vs p99 latency",
+                                     interval_note(data, ["e2e_p99_s"])))
     return fig.update_layout(**_LAYOUT)
 
 
@@ -174,15 +192,3 @@ def variants_figure(summary: pd.DataFrame, metric: str, unit: str) -> go.Figure:
     fig.update_layout(barmode="group", title=f"{unit}: before vs after", xaxis_title="strategy",
                       yaxis_title=unit, **{**_LAYOUT, "legend_title_text": "variant"})
     return fig
-
-
-def sweep_figure(table: pd.DataFrame, param: str, metric: str,
-                 dash: str | None = None) -> go.Figure:
-    """A sweep's metric vs one varied field, a line per strategy (`dash`: a second field)."""
-    data = table.sort_values(param)
-    fig = px.line(data, x=param, y=metric, color="strategy", markers=True, line_dash=dash,
-                  color_discrete_map=_colors(data),
-                  labels={param: param.split(".")[-1].replace("_", " "),
-                          metric: metric.replace("_", " ")},
-                  title=f"{metric} vs {param}")
-    return fig.update_layout(**{**_LAYOUT, "height": 380})

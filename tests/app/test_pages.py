@@ -191,9 +191,21 @@ def test_compare_variants_shows_the_change(in_workdir):
     no_exceptions(at)
     at.number_input(key="compare_value:workload.arrival_rate_per_s").set_value(2.0).run()
     changes = at.dataframe[0].value
-    rate = changes[(changes["metric"] == "output_tokens_per_s")
-                   & (changes["strategy"] == "multi_lora")].iloc[0]
-    assert rate["after"] > 1.3 * rate["before"]
+    # For people: metrics by name with units, each value rounded with its interval beside it.
+    assert list(changes.columns) == ["Strategy", "Metric", "Before", "After", "Change",
+                                     "Change (%)"]
+    assert not any("_" in m for m in changes["Metric"])
+    rate = changes[(changes["Metric"] == "Output (tok/s)")
+                   & (changes["Strategy"] == "multi_lora")].iloc[0]
+
+    def number(cell: str) -> float:
+        return float(cell.split(" ")[0].replace(",", ""))
+
+    assert number(rate["After"]) > 1.3 * number(rate["Before"])
+    assert rate["Change (%)"].startswith("+") and rate["Change (%)"].endswith("%")
+    # The default scenario's H200 profile is scaled, with no measured error: no band shown.
+    ttft = changes[changes["Metric"] == "p99 TTFT (s)"]
+    assert ttft["Before"].str.fullmatch(r"[\d.]+").all(), list(ttft["Before"])
     assert len(at.get("plotly_chart")) >= 4
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from planner.jobs.run import run_scenario_file
@@ -109,24 +112,65 @@ def test_a_search_can_be_cancelled_and_keeps_what_finished(in_workdir):
     assert job.progress() == (0, 1)  # stopped before its one strategy finished
 
 
+def _chart(at, title: str) -> dict:
+    """The chart whose title starts with `title`, as Plotly's JSON."""
+    charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    return next(c for c in charts if c["layout"]["title"]["text"].startswith(title))
+
+
+def _error_bars(chart: dict) -> list[float]:
+    return [x for t in chart["data"] for x in _array(t["error_y"]["array"])]
+
+
+def _array(value) -> np.ndarray:
+    if isinstance(value, dict) and "bdata" in value:
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+    return np.asarray(value, dtype=float)
+
+
+MEASURED = "seeds x measured error of h100-64gb-vllm085-llama-3.1-8b"
+"""The H100-64GB profile is fitted and validated on held-out runs: its intervals are measured."""
+
+
 def test_saved_runs_and_sweeps_are_browsed_without_recomputing(in_workdir):
     out = in_workdir / "out"
-    path = _write(in_workdir, "tiny_ok", TINY.format(name="tiny_ok", ttft=10))
+    text = TINY.format(name="tiny_ok", ttft=10).replace("H100-SXM", "H100-64GB").replace(
+        "[H100-64GB, H200]", "[H100-64GB]").replace("num_seeds: 1", "num_seeds: 2")
+    path = _write(in_workdir, "tiny_ok", text)
     run_scenario_file(in_workdir / path, out, backend="inline")
     spec = in_workdir / "scenarios" / "tiny_sweep.yaml"
-    spec.write_text("name: tiny_sweep\nscenario: tiny_ok.yaml\nparameters:\n"
-                    "  - {field: workload.num_reply_tokens, values: [16, 64]}\n")
+    spec.write_text("name: tiny_sweep\nscenario: tiny_ok.yaml\nevaluate: simulate\n"
+                    "parameters:\n  - {field: workload.num_reply_tokens, values: [16, 64]}\n")
     run_sweep(spec, out, backend="inline")
     at = open_app("pages/7_saved.py")
     no_exceptions(at)
     at.text_input(key="saved_path").set_value(str(out / "tiny_ok")).run()
     no_exceptions(at)
-    assert len(at.get("plotly_chart")) >= 4  # plan, Pareto, throughput, CDF, comparisons
+    assert len(at.get("plotly_chart")) >= 5  # plan, p99, Pareto, throughput, latency, CDF, ...
     assert any("run at" in c for c in texts(at.caption))
+    # Tables for people with the intervals `molcap run` stored; no raw table on the page.
+    plan = at.dataframe[0].value
+    assert not any("_" in c for c in plan.columns)
+    assert plan["p99 TTFT (s)"].str.fullmatch(r"[\d.,]+ \([\d.,]+-[\d.,]+\)").all()
+    assert plan["Interval (90%)"].str.startswith(MEASURED).all()
+    summary = at.dataframe[-1].value  # the simulation summary
+    assert summary["p99 TTFT (s)"].str.fullmatch(r"[\d.,]+ \([\d.,]+-[\d.,]+\)").all()
+    assert all(not any("_" in c for c in d.value.columns) for d in at.dataframe)
+    # The charts' error bars: measured bands or, for the end-to-end latency the profile's
+    # validation does not measure, the two seeds' spread, which the Pareto chart says.
+    for title in ("Deployments tried", "Capacity plan: p99", "Simulated latency"):
+        assert max(_error_bars(_chart(at, title))) > 0, title
+    assert "no measured error" in _chart(at, "Deployments tried")["layout"]["title"]["text"]
+    assert {b.label for b in at.get("download_button")} >= {"comparisons.csv",
+                                                            "comparisons.parquet"}
     at.text_input(key="saved_path").set_value(str(out / "tiny_sweep")).run()
     no_exceptions(at)
     assert at.selectbox(key="sweep_param").value == "workload.num_reply_tokens"
     assert len(at.get("plotly_chart")) == 1
+    assert max(_error_bars(_chart(at, "ttft_p99_s vs"))) > 0
+    table = at.dataframe[0].value
+    assert list(table.columns[:2]) == ["num reply tokens", "Strategy"]
+    assert table["p99 TTFT (s)"].str.fullmatch(r"[\d.,]+ \([\d.,]+-[\d.,]+\)").all()
 
 
 @pytest.mark.parametrize("scenario", sorted(p.name for p in (ROOT / "scenarios").glob("*.yaml")))

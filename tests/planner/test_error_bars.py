@@ -83,3 +83,47 @@ def test_report_keeps_a_value_and_its_interval_on_one_line() -> None:
     page = render_html("t", "s", [ReportSection("Capacity plan", tables=[table])], "")
     cell = table["p99 TTFT (s)"].iloc[0]
     assert f"<span class=nw>{cell}</span>" in page
+
+
+def _trials() -> pd.DataFrame:
+    return pd.DataFrame([
+        dict(strategy="lora", gpu="H100", cost_per_hour_usd=6.0, meets_slo=True,
+             tensor_parallel_size=1, num_replicas=2, max_num_seqs=64, ttft_p99_s=0.5,
+             tpot_p99_s=0.02, e2e_p99_s=2.0, e2e_p99_s_min=1.8, e2e_p99_s_max=2.4),
+        dict(strategy="lora", gpu="L4", cost_per_hour_usd=2.0, meets_slo=False,
+             tensor_parallel_size=1, num_replicas=2, max_num_seqs=64, ttft_p99_s=0.9,
+             tpot_p99_s=0.05, e2e_p99_s=5.0, e2e_p99_s_min=4.0, e2e_p99_s_max=6.5),
+    ])
+
+
+def test_pareto_error_bars_are_the_trials_interval() -> None:
+    from planner.outputs.plan_figures import pareto_figure
+
+    errors = ProfileErrors("h100-test", {"e2e_p99_s": (-0.2, 0.0, 0.25)})
+    charted = with_intervals(_trials(), {"H100": errors, "L4": None}, 0.9)
+    fig = pareto_figure(charted)
+    by_cost = {t.x[0]: t for t in fig.data}
+    for _, row in charted.iterrows():
+        trace = by_cost[row["cost_per_hour_usd"]]
+        assert trace.y[0] == row["e2e_p99_s"]
+        assert trace.y[0] + trace.error_y.array[0] == pytest.approx(row["e2e_p99_s_high"])
+        assert trace.y[0] - trace.error_y.arrayminus[0] == pytest.approx(row["e2e_p99_s_low"])
+    # The measured error widens the seeds' spread on H100; on L4 the bar is the spread.
+    assert by_cost[6.0].error_y.array[0] > 2.4 - 2.0
+    assert by_cost[2.0].error_y.array[0] == pytest.approx(1.5)
+    assert "no measured error" in fig.layout.title.text
+    assert pareto_figure(_trials()).data[0].error_y.array is None  # no interval columns
+
+
+def test_sweep_lines_carry_the_interval_as_error_bars() -> None:
+    from planner.outputs.sweep_figures import sweep_figure
+
+    table = pd.DataFrame([
+        dict(point="p1", context=512, strategy="lora", ttft_p99_s=0.5),
+        dict(point="p2", context=4096, strategy="lora", ttft_p99_s=1.0)])
+    charted = with_intervals(table, {"H100": ERRORS}, 0.9, default_gpu="H100")
+    [trace] = sweep_figure(charted, "context", "ttft_p99_s").data
+    assert list(trace.x) == [512, 4096]
+    highs = charted["ttft_p99_s_high"] - charted["ttft_p99_s"]
+    assert list(trace.error_y.array) == pytest.approx(list(highs)) and min(highs) > 0
+    assert sweep_figure(table, "context", "ttft_p99_s").data[0].error_y.array is None

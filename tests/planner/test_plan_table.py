@@ -36,3 +36,21 @@ def test_a_gpu_without_measured_error_says_so():
     table = people_plan_table(pd.DataFrame([ROW]), {})
     assert table.iloc[0]["Interval (90%)"] == "seeds only: no measured error"
     assert table.iloc[0]["p99 E2E (s)"] == "2.5 (2.4-2.6)"
+
+
+def test_a_saved_plan_table_shows_the_intervals_it_was_written_with(tmp_path):
+    from planner.outputs.interval_columns import with_intervals
+    from planner.outputs.plan_table import NO_INTERVAL
+    from planner.outputs.report import write_table
+    from planner.outputs.saved import load_output_folder
+
+    errors = {"H100-SXM": ProfileErrors("h100-prof", {"ttft_p99_s": (-0.5, -0.4, -0.3)})}
+    plans = pd.DataFrame([ROW, dict(strategy="mol", is_feasible=False, reason="too slow")])
+    live = people_plan_table(plans, errors)
+    write_table(with_intervals(plans, errors), tmp_path / "tables" / "plans")
+    saved = load_output_folder(tmp_path).tables["plans"]
+    # Read back with no profile at hand: the same table, interval and its source included.
+    pd.testing.assert_frame_equal(people_plan_table(saved), live)
+    assert live.iloc[0]["Interval (90%)"] == "seeds x measured error of h100-prof (3 workloads)"
+    old = people_plan_table(plans)  # a table written before the interval columns existed
+    assert old.iloc[0]["p99 TTFT (s)"] == "0.123" and old.iloc[0]["Interval (90%)"] == NO_INTERVAL

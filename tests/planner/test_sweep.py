@@ -145,3 +145,27 @@ def test_simulate_sweep_rows_follow_the_varied_field(tmp_path):
             row = table.loc[(tokens, strategy)]
             assert row["num_requests"] == 60
             assert row["output_tokens_per_s"] * row["duration_s"] == pytest.approx(60 * tokens)
+
+
+def test_each_sweep_point_carries_the_interval_of_the_profile_that_priced_it(tmp_path):
+    (tmp_path / "base.yaml").write_text(SCENARIO + "workload: {kind: punica, num_requests: 40, "
+                                        "num_adapters: 2, num_output_tokens: 16, "
+                                        "arrival_rate_per_s: 5.0}\n")
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text("name: gpus\nscenario: base.yaml\nevaluate: simulate\nparameters:\n"
+                    "  - {field: hardware.gpu, values: [H100-64GB, H100-SXM]}\n")
+    run_sweep(spec, tmp_path / "out", backend="inline")
+    table = pd.read_parquet(tmp_path / "out" / "gpus" / "sweep.parquet")
+    measured = table[table["hardware.gpu"] == "H100-64GB"]
+    scaled = table[table["hardware.gpu"] == "H100-SXM"]
+    # H100-64GB's fitted profile has a held-out validation; the scaled H100-SXM one has none.
+    assert measured["ttft_p99_s_measured_error"].all()
+    assert (measured["ttft_p99_s_high"] > measured["ttft_p99_s"]).all()
+    assert measured["interval_source"].str.startswith(
+        "seeds x measured error of h100-64gb-vllm085-llama-3.1-8b").all()
+    assert not scaled["ttft_p99_s_measured_error"].any()
+    assert (scaled["ttft_p99_s_high"] == scaled["ttft_p99_s"]).all()  # one seed: no spread
+    assert (scaled["interval_source"] == "seeds only: no measured error").all()
+    report = (tmp_path / "out" / "gpus" / "report.html").read_text()
+    assert "p99 TTFT (s)" in report and "no measured error" in report
+    assert '"error_y"' in report  # the sweep charts draw the intervals
