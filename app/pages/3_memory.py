@@ -6,6 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import compute, layout
+from planner.outputs.people_columns import people_table
 from planner.outputs.sim_figures import (
     adapter_activity_figure,
     adapter_residency_figure,
@@ -51,7 +52,9 @@ def main() -> None:
                       width="stretch")
     right.plotly_chart(timeseries_figure(sim.timeseries, "num_adapter_loads"), width="stretch")
     st.subheader("Memory of one replica, per GPU")
-    st.dataframe(compute.comparisons(scenario)["memory_summary"], hide_index=True)
+    memory = compute.comparisons(scenario)["memory_summary"]
+    st.dataframe(people_table(memory), hide_index=True, key="memory_table")
+    layout.raw_downloads("memory_summary", memory, "memory_raw")
 
 
 main()

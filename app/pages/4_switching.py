@@ -6,6 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import compute, layout
+from planner.outputs.people_columns import people_table
 from planner.outputs.plan_figures import COMPARISON_FIGURES
 
 TITLES = {
@@ -23,14 +24,16 @@ def main() -> None:
     scenario = layout.require(scenario, problems)
     st.title("Switching & routing")
     st.caption("Priced analytically by the cost model on the scenario's hardware (no "
-               "simulation); the grids come from the scenario's `analysis` section.")
+               "simulation); the grids come from the scenario's `analysis` section. No "
+               "validation measures these numbers: no measured error, no interval.")
     tables = compute.comparisons(scenario)
     for name, title in TITLES.items():
         if name not in tables or tables[name].empty:
             continue
         st.plotly_chart(COMPARISON_FIGURES[name](tables[name]), width="stretch", key=name)
         with st.expander(f"{title}: table"):
-            st.dataframe(tables[name], hide_index=True)
+            st.dataframe(people_table(tables[name]), hide_index=True, key=f"{name}_table")
+            layout.raw_downloads(name, tables[name], f"{name}_raw")
 
 
 main()

@@ -18,6 +18,7 @@ from planner.jobs.strategy_points import (
 )
 from planner.outputs import sim_figures
 from planner.outputs.interval_columns import plan_intervals, summary_intervals
+from planner.outputs.people_columns import ANALYTICAL_NOTE, people_table
 from planner.outputs.plan_figures import (
     COMPARISON_FIGURES,
     pareto_figure,
@@ -97,7 +98,8 @@ def _sections(comparisons: dict[str, pd.DataFrame]) -> list[ReportSection]:
     for name, df in comparisons.items():
         title, text = _EXPLAIN[name]
         figures = [COMPARISON_FIGURES[name](df)] if name in COMPARISON_FIGURES else []
-        sections.append(ReportSection(title, text, figures, [df]))
+        sections.append(ReportSection(title, f"{text} {ANALYTICAL_NOTE}", figures,
+                                      [people_table(df)]))
     return sections
 
 

@@ -125,7 +125,8 @@ def test_kv_in_use_stays_within_each_strategys_pool(in_workdir):
     # The memory page's KV-in-use lines (one per strategy and replica) against the pool sizes
     # in its own memory table: a chart fed the wrong column or scaled wrongly would cross them.
     at = open_app("pages/3_memory.py")
-    pools = at.dataframe[0].value.set_index("strategy")["num_kv_blocks"]
+    memory = at.dataframe[0].value.set_index("Strategy")  # for people: named, rounded
+    pools = memory["KV blocks"].str.replace(",", "").astype(int)
     lines = _traces(_charts(at)[0])
     assert {name.split(" / ")[0] for name in lines} == set(pools.index)
     for name, line in lines.items():
@@ -135,13 +136,18 @@ def test_kv_in_use_stays_within_each_strategys_pool(in_workdir):
 
 def test_switch_cost_lines_are_the_switch_table(in_workdir):
     at = open_app("pages/4_switching.py")
-    table = at.dataframe[0].value
+    table = at.dataframe[0].value  # for people: switch cost in s or ms to three digits
+    [switch] = [c for c in table.columns if c in ("Switch (s)", "Switch (ms)")]
+    assert {"Strategy", "Context (tokens)", "Mechanism"} <= set(table.columns)
     lines = _traces(_charts(at)[0])
     assert lines
     for name, line in lines.items():
-        rows = table[table["strategy"] == name]
-        np.testing.assert_array_equal(line["x"], rows["context_tokens"].to_numpy())
-        np.testing.assert_allclose(line["y"], rows["switch_s"].to_numpy(), rtol=1e-12)
+        rows = table[(table["Strategy"] == name) & (table[switch] != "-")]
+        context = rows["Context (tokens)"].str.replace(",", "").astype(int).to_numpy()
+        np.testing.assert_array_equal(line["x"], context)
+        scale = 1e3 if switch == "Switch (ms)" else 1.0
+        switch_s = rows[switch].str.replace(",", "").astype(float).to_numpy() / scale
+        np.testing.assert_allclose(line["y"], switch_s, rtol=5e-3)
 
 
 def test_a_knob_value_the_scenario_rejects_shows_the_located_error_inline(in_workdir):
