@@ -19,6 +19,7 @@ import numpy as np
 
 from sim.config import EngineLimits
 from sim.engine.decode_group import DecodeGroup
+from sim.engine.group_step import schedule_group, schedule_group_preempting
 from sim.engine.sequence import Sequence
 from sim.engine.step_plan import StepPlan
 from sim.engine.waiting import WaitingQueue
@@ -76,42 +77,14 @@ class Engine:
         return plan
 
     def _schedule_group(self, plan: StepPlan, budget: int) -> int | None:
-        """`_schedule_running` when the group's members come first in running order, all fit
-        the budget and no preemption is needed: the members decode as one and only the
-        sequences after them (prompt chunks) are walked. The budget left, or None to let
-        `_schedule_running` walk the batch (the group dissolved)."""
-        group, running, bs = self.group, self.running, self.block_size
-        members, cost = group.members, self.num_decode_compute_tokens
-        m = len(members)
-        if m * cost > budget or running[:m] != members:
-            return None
-        budget -= m * cost
-        needs = group.step_block_needs()
-        total = sum(n for _, n in needs)
-        chunks = []
-        for seq in running[m:]:
-            pending = seq.num_prompt_tokens + seq.num_generated_tokens - seq.num_computed_tokens
-            if seq.num_generated_tokens and pending == 1:
-                return None  # a decode outside the group (one the budget skipped)
-            num_new = min(pending, budget)
-            if num_new <= 0:
-                continue
-            need = -(-(seq.num_computed_tokens + num_new) // bs) - seq.num_blocks
-            chunks.append((seq, num_new, need))
-            total += max(need, 0)
-            budget -= num_new
-        if total > self.kv.num_free:
-            return None
-        for seq, num_new, need in chunks:
-            if need > 0:
-                seq.num_blocks += need
-            plan.prefills.append((seq, num_new))
-            self._note_prompt_end(seq, num_new, plan)
-        group.add_blocks(needs)
-        self.kv.allocate(total)
-        plan.decodes = list(members)
-        plan.group, plan.num_group_decodes = group, m
-        return budget
+        """`_schedule_running` through the decode group: the budget left, or None to walk the
+        batch (`sim.engine.group_step.schedule_group`)."""
+        return schedule_group(self, plan, budget)
+
+    def _schedule_group_preempting(self, plan: StepPlan, budget: int,
+                                   needs: list[tuple[Sequence, int]]) -> int:
+        """`sim.engine.group_step.schedule_group_preempting`."""
+        return schedule_group_preempting(self, plan, budget, needs)
 
     def _decode_tokens(self, seq: Sequence) -> int:
         return min(self.num_tokens_per_decode_step,
@@ -161,8 +134,14 @@ class Engine:
         return budget
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
-        """Recompute preemption: drop the sequence's KV and queue it first."""
-        self.running.remove(seq)
+        """Recompute preemption: drop the sequence's KV and queue it first (a group member
+        leaves the group first)."""
+        if seq in self.group:
+            self.group.leave(seq)
+        if self.running[-1] is seq:  # the usual victim: the last admitted
+            self.running.pop()
+        else:
+            self.running.remove(seq)
         del self._orders[seq]
         self.kv.release(seq.block_runs, seq.num_blocks)
         self.slots.release(seq.adapter)
