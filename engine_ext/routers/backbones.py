@@ -77,6 +77,31 @@ class Backbone:
         return self.embed(tokens), mask
 
 
+class LayerCacheBackbone(Backbone):
+    """SmolLM2 read at any layer and pooling: queries come from the all-layer cache of
+    `layer_cache` (filled on demand with the same pass), the rest from `base` (an engine whose
+    route layer is `layer`, so `state_fn` stops there)."""
+
+    def __init__(self, base: Backbone, cache, pooling: str) -> None:
+        super().__init__(base.name, base.tokenize, base.state_fn, base.embed, base.d_model,
+                         base.layer, base.stamp, base.cache_dir)
+        self.cache, self.pooling, self._fill_engine = cache, pooling, None
+
+    def with_engine(self, engine) -> LayerCacheBackbone:
+        """Texts missing from the cache are run through this engine's layers."""
+        self._fill_engine = engine
+        return self
+
+    @torch.no_grad()
+    def pooled(self, texts: tuple[str, ...], batch: int = 32) -> torch.Tensor:
+        """The `pooling` state of layer `layer` per text [N, D]."""
+        if self.cache.missing(texts):
+            if self._fill_engine is None:
+                raise KeyError(f"texts missing from {self.cache.folder} and no engine to run")
+            self.cache.fill(texts, self._fill_engine, self.tokenize, batch)
+        return torch.from_numpy(self.cache.states(texts, self.pooling, [self.layer + 1])[0])
+
+
 def smollm2_backbone(engine, tokenizer) -> Backbone:
     """SmolLM2 up to layer k (layers above are not run); states cached as `states` caches them."""
     from engine_ext.routers.states import MODEL_NAME, STATE_CACHE, turn_ids

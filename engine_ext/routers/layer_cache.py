@@ -113,9 +113,10 @@ class LayerCache:
         for row, text in enumerate(texts):
             self._where.setdefault(text, (path, row))
 
-    def states(self, texts, pooling: str) -> np.ndarray:
-        """Cached states of the texts [layers + 1, N, D] for one pooling (KeyError if one is
-        missing)."""
+    def states(self, texts, pooling: str, rows: list[int] | None = None) -> np.ndarray:
+        """Cached states of the texts [layers + 1, N, D] for one pooling, or only the layer
+        axis `rows` (row 0 the embeddings, i + 1 layer i) [len(rows), N, D] (KeyError if a text
+        is missing)."""
         if pooling not in POOLINGS:
             raise ValueError(f"pooling {pooling!r}: allowed {POOLINGS}")
         lost = self.missing(texts)
@@ -129,7 +130,7 @@ class LayerCache:
         out = None
         for path, pairs in by_file.items():
             with np.load(path) as f:
-                block = f[pooling]
+                block = f[pooling] if rows is None else f[pooling][rows]
             if out is None:
                 out = np.empty((block.shape[0], len(texts), block.shape[2]), np.float32)
             out[:, [i for i, _ in pairs]] = block[:, [r for _, r in pairs]]

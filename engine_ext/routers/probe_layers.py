@@ -107,6 +107,20 @@ def run(cache: LayerCache, by_sample, layers: list[int]) -> dict:
     return {"tfidf": bars, "cells": cells}
 
 
+def merge(old: dict, new: dict) -> dict:
+    """`new` plus the cells and bars of `old` that `new` did not measure (runs of different
+    settings, samples or layers build one table)."""
+    def key(c: dict) -> tuple:
+        return c["setting"], c["sample"], c.get("layer"), c.get("pooling")
+
+    done_bars = {key(b) for b in new["tfidf"]}
+    done_cells = {key(c) for c in new["cells"]}
+    return {"tfidf": [b for b in old["tfidf"] if key(b) not in done_bars] + new["tfidf"],
+            "cells": [c for c in old["cells"] if key(c) not in done_cells] + new["cells"],
+            "commands": list(dict.fromkeys(old.get("commands", []) + new["commands"])),
+            "probe_cpu_s": round(old.get("probe_cpu_s", 0) + new["probe_cpu_s"], 1)}
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
@@ -176,6 +190,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--text-dir", type=Path, default=None)
     parser.add_argument("--settings", nargs="+", default=None)
     parser.add_argument("--layers", type=int, nargs="+", default=list(range(-1, 30)))
+    parser.add_argument("--samples", nargs="+", choices=("heads", "full"),
+                        default=["heads", "full"])
     parser.add_argument("--fill-only", action="store_true")
     parser.add_argument("--out", type=Path, default=OUT_JSON)
     args = parser.parse_args(argv)
@@ -184,16 +200,19 @@ def main(argv: list[str] | None = None) -> None:
     from engine_ext.data import default_text_dir
 
     torch.set_num_threads(1)
-    by_sample = samples(args.text_dir or default_text_dir(), args.settings)
+    by_sample = {k: v for k, v in samples(args.text_dir or default_text_dir(),
+                                          args.settings).items() if k in args.samples}
     cache = LayerCache(args.cache_dir)
     if args.fill_only:
         fill(cache, by_sample)
         return
     start = time.process_time()
     doc = run(cache, by_sample, args.layers)
-    doc["command"] = "python -m engine_ext.routers.probe_layers " + shlex.join(
-        sys.argv[1:] if argv is None else argv)
+    doc["commands"] = ["python -m engine_ext.routers.probe_layers " + shlex.join(
+        sys.argv[1:] if argv is None else argv)]
     doc["probe_cpu_s"] = round(time.process_time() - start, 1)
+    if args.out.exists():
+        doc = merge(json.loads(args.out.read_text()), doc)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(render_markdown(doc))

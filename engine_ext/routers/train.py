@@ -25,13 +25,15 @@ import torch
 from engine_ext.data import default_text_dir
 from engine_ext.routers.measure import hardware
 from engine_ext.routers.settings import load_settings
-from engine_ext.routers.states import MODEL_NAME
+from engine_ext.routers.states import MODEL_NAME, ROUTE_LAYER
 from sim.strategies.router_card import RegimeResult, RouterCard, load_router_card, write_router_card
 
 ROUTERS = ("mol2", "mol2_regimes", "mol2_ced", "contextual_ced", "contextual_smollm2", "l0")
 CARDS_DIR = Path("scenarios/router_cards")
 HEADS_DIR = Path("data/routers")
 CACHE_DIR = Path(".cache/engine_ext/routers")
+LAYER_CACHE = CACHE_DIR / "layers"
+"""The all-layer pooled states (routers.layer_cache) MoL2 reads at another layer or pooling."""
 VLLM_SETTING = "clinc_domains10"
 ALL_SETTINGS = ("domains4", "clinc_domains10", "clinc_intents150", "banking77")
 
@@ -131,7 +133,8 @@ def run_mol2(args, sets, backbone, card_name: str, router_key: str) -> None:
             m.save_head(control[0], args.heads / f"mol2_smollm2_{name}_shuffled.safetensors")
     _card(card_name, "mol2", backbone.name, backbone.layer, rows[0].work.num_head_params, args,
           rows, f"pointer head {m.HEAD_SHAPE}, query standardised per feature, AdamW lr 2e-3 "
-          f"one-cycle, batches of {m.BATCH} pooled routing-layer states, "
+          f"one-cycle, batches of {m.BATCH} {getattr(backbone, 'pooling', 'mean')}-pooled "
+          f"layer-{backbone.layer} states, "
           f"{_train_sizes(sets, args.settings)}, "
           + (f"steps per setting chosen among {args.mol2_steps} by seed 0's validation "
              "accuracy (printed in the log; the test split is not looked at)"
@@ -216,6 +219,29 @@ def ced_backbone_trained():
     return ced_backbone(ced, DEFAULT_OUT / "model.safetensors", CACHE_DIR / "states")
 
 
+def mol2_card_name(layer: int, pooling: str) -> str:
+    """The SmolLM2 MoL2 card of a layer and pooling (today's layer, mean: mol2-smollm2)."""
+    if (layer, pooling) == (ROUTE_LAYER, "mean"):
+        return "mol2-smollm2"
+    return f"mol2-smollm2-l{layer}" + ("" if pooling == "mean" else f"-{pooling}")
+
+
+def _mol2_smollm2(args, smollm2, engine, tokenizer):
+    """MoL2's SmolLM2 backbone and card name for --route-layer / --pooling / --layer-cache."""
+    from engine_ext.routers.backbones import LayerCacheBackbone, smollm2_backbone
+    from engine_ext.routers.layer_cache import LayerCache
+    from engine_ext.routers.states import load_route_engine
+
+    layer = ROUTE_LAYER if args.route_layer is None else args.route_layer
+    if (layer, args.pooling, args.layer_cache) == (ROUTE_LAYER, "mean", None):
+        return smollm2, "mol2-smollm2"
+    if layer != engine.route_layer:
+        engine, tokenizer = load_route_engine(layer)
+    cache = LayerCache(args.layer_cache or LAYER_CACHE)
+    backbone = LayerCacheBackbone(smollm2_backbone(engine, tokenizer), cache, args.pooling)
+    return backbone.with_engine(engine), mol2_card_name(layer, args.pooling)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--routers", nargs="+", choices=ROUTERS, default=list(ROUTERS))
@@ -234,6 +260,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-per-class", type=int, default=None,
                         help="training rows per class of CLINC150 and BANKING77 (default: "
                              "settings.CLINC_PER_INTENT's)")
+    parser.add_argument("--route-layer", type=int, default=None,
+                        help="MoL2 on SmolLM2: read this layer (default states.ROUTE_LAYER); "
+                             "another layer or pooling writes the card mol2-smollm2-l<layer>"
+                             "[-last]")
+    parser.add_argument("--pooling", choices=("mean", "last"), default="mean",
+                        help="MoL2 on SmolLM2: mean over the turn's tokens or its last token")
+    parser.add_argument("--layer-cache", type=Path, default=None,
+                        help="MoL2 on SmolLM2: read queries from this all-layer cache "
+                             "(routers.layer_cache, filled on demand); implied by --route-layer "
+                             "or --pooling last (default folder .cache/engine_ext/routers/layers)")
     parser.add_argument("--keep-timings", action="store_true",
                         help="MoL2: keep the decision times of the card's existing rows "
                              "instead of timing again")
@@ -251,7 +287,8 @@ def main(argv: list[str] | None = None) -> None:
         engine, tokenizer = load_route_engine()
         smollm2 = smollm2_backbone(engine, tokenizer)
         if "mol2" in args.routers:
-            run_mol2(args, sets, smollm2, "mol2-smollm2", "mol2")
+            backbone, card_name = _mol2_smollm2(args, smollm2, engine, tokenizer)
+            run_mol2(args, sets, backbone, card_name, "mol2")
         if "mol2_regimes" in args.routers:
             run_mol2_regimes(args, sets, smollm2)
         if "contextual_smollm2" in args.routers:

@@ -95,3 +95,55 @@ def test_the_table_names_the_best_cell_and_whether_it_reaches_the_tfidf_bar():
     assert "| 12 | 91.0* | 85.0 |" in text
     cells[1]["accuracy"] = 0.89
     assert best_cells(doc)[0]["reaches_tfidf"] is False
+
+
+def _backbone(engine: DecoderOnlyEngine, tmp_path):
+    from engine_ext.routers.backbones import Backbone
+
+    def state_fn(tokens: torch.Tensor) -> torch.Tensor:
+        return engine.prefill_shared(engine.new_cache(tokens.shape[0]), tokens)
+
+    return Backbone("tiny", _tokenize, state_fn, engine.hf.model.embed_tokens,
+                    engine.cfg.hidden_size, engine.route_layer, "tiny", tmp_path / "pooled")
+
+
+@torch.no_grad()
+def test_mol2_reads_another_layer_and_pooling_from_the_cache_and_trains_on_it(tmp_path):
+    from engine_ext.routers.backbones import LayerCacheBackbone
+    from engine_ext.routers.run_mol2 import mol2_setting
+    from engine_ext.routers.train import mol2_card_name
+
+    engine = _engine(route_layer=1)
+    texts = ("first request", "a second, longer request", "third")
+    plain = _backbone(engine, tmp_path)
+    mean = LayerCacheBackbone(plain, LayerCache(tmp_path / "layers"), "mean").with_engine(engine)
+    torch.testing.assert_close(mean.pooled(texts), plain.pooled(texts))
+    last = LayerCacheBackbone(plain, LayerCache(tmp_path / "layers"), "last")  # no engine: cache
+    states = plain.state_fn(torch.tensor([_tokenize(texts[1])]))
+    torch.testing.assert_close(last.pooled(texts)[1], states[0, -1], rtol=1e-5, atol=1e-5)
+    domains = domains4_set({"train": 8, "val": 2, "test": 4}, max_bytes=20_000)
+    with torch.enable_grad():
+        row, _ = mol2_setting(mean, domains, [0], tmp_path / "heads", (3,))
+    assert row.num_test == 16 and row.setting == "domains4"
+    assert [mol2_card_name(25, "mean"), mol2_card_name(12, "mean"),
+            mol2_card_name(12, "last")] == ["mol2-smollm2", "mol2-smollm2-l12",
+                                            "mol2-smollm2-l12-last"]
+
+
+def test_runs_of_other_layers_add_cells_and_a_rerun_replaces_its_own():
+    from engine_ext.routers.probe_layers import merge
+
+    def cell(layer: int, acc: float) -> dict:
+        return {"setting": "s", "sample": "heads", "layer": layer, "pooling": "mean",
+                "accuracy": acc}
+
+    bar = {"setting": "s", "sample": "heads", "accuracy": 0.5}
+    first = {"tfidf": [bar], "cells": [cell(1, 0.1), cell(2, 0.2)], "commands": ["a"],
+             "probe_cpu_s": 1.0}
+    second = {"tfidf": [bar | {"accuracy": 0.6}], "cells": [cell(2, 0.3), cell(3, 0.4)],
+              "commands": ["b"], "probe_cpu_s": 2.0}
+    both = merge(first, second)
+    assert sorted((c["layer"], c["accuracy"]) for c in both["cells"]) == [
+        (1, 0.1), (2, 0.3), (3, 0.4)]
+    assert [b["accuracy"] for b in both["tfidf"]] == [0.6]
+    assert both["commands"] == ["a", "b"] and both["probe_cpu_s"] == 3.0
