@@ -46,8 +46,7 @@ def main() -> None:
     st.caption("Each value with its interval where the profile that priced it has a measured "
                "error; a value alone: no measured error.")
     st.dataframe(people_summary_table(charted), hide_index=True, key="latency_summary")
-    with st.expander("raw summary table (every column; download as CSV)"):
-        st.dataframe(sim.summary, hide_index=True)
+    layout.raw_downloads("sim_summary", sim.summary, "latency_raw")
 
 
 main()

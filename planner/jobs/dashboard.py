@@ -21,6 +21,8 @@ from pathlib import Path
 import pandas as pd
 
 from planner.jobs.strategy_points import plan_point, scenario_tasks, simulate_point
+from planner.outputs.interval_columns import plan_intervals, summary_intervals
+from planner.outputs.plan_table import interval_phrase
 from planner.scenario.schema import Scenario
 from planner.scenario.workloads import ConversationWorkload, PunicaWorkload
 from planner.search.slo import slo_violations
@@ -213,15 +215,16 @@ def plan_headline(scenario: Scenario, plan: PlanTables | None) -> str | None:
     adapted = _adapter_strategies(scenario, feasible) if not feasible.empty else feasible
     if adapted.empty:
         return None
-    best = adapted.sort_values(["cost_per_hour_usd", "ttft_p99_s"]).iloc[0]
+    best = plan_intervals(adapted.sort_values(["cost_per_hour_usd", "ttft_p99_s"]).head(1),
+                          scenario).iloc[0]
     ties = adapted[adapted["cost_per_hour_usd"] == best["cost_per_hour_usd"]]
     also = f" (as cheap: {', '.join(ties['strategy'][1:])})" if len(ties) > 1 else ""
     replicas = int(best["num_replicas"])
     return (f"Plan: {best['strategy']} on {int(best['num_gpus'])} x {best['gpu']} "
             f"(TP={int(best['tensor_parallel_size'])}, {replicas} "
             f"replica{'s' if replicas > 1 else ''}) at {best['cost_per_hour_usd']:,.2f} USD/h, "
-            f"p99 TTFT {best['ttft_p99_s']:.3g} s: the cheapest adapter strategy within the "
-            f"SLOs{also}.")
+            f"p99 TTFT {interval_phrase(best, 'ttft_p99_s', 's')}: the cheapest adapter "
+            f"strategy within the SLOs{also}.")
 
 
 def recommendation(scenario: Scenario, sim: SimTables, plan: PlanTables | None) -> list[str]:
@@ -240,11 +243,14 @@ def recommendation(scenario: Scenario, sim: SimTables, plan: PlanTables | None) 
                      f"the SLOs" + (f"; missing them: {missed}." if misses else "."))
         adapted = _adapter_strategies(scenario, sim.summary)
         if not adapted.empty:
+            adapted = summary_intervals(adapted, scenario)
             fast = adapted.sort_values("ttft_p99_s").iloc[0]
             good = adapted.sort_values("goodput_turns_per_s").iloc[-1]
-            lines.append(f"Among adapter strategies: lowest p99 TTFT {fast['strategy']} "
-                         f"({fast['ttft_p99_s']:.3g} s), most goodput {good['strategy']} "
-                         f"({good['goodput_turns_per_s']:.3g} turns/s within the SLOs).")
+            ttft = interval_phrase(fast, "ttft_p99_s", "s")
+            goodput = interval_phrase(good, "goodput_turns_per_s", "turns/s")
+            lines.append(f"Among adapter strategies: lowest p99 TTFT {fast['strategy']} at "
+                         f"{ttft}; most goodput within the SLOs {good['strategy']} at "
+                         f"{goodput}.")
     return lines
 
 

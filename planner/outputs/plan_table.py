@@ -60,6 +60,24 @@ def interval_cell(row: Mapping, metric: str, scale: float = 1.0,
     return band_text(value, low, high, scale)
 
 
+def interval_phrase(row: Mapping, metric: str, unit: str, scale: float = 1.0) -> str:
+    """A value with its unit and interval for a sentence: `0.123 s (0.10-0.16)`, `0.123 s
+    (seeds 0.12-0.13; no measured error)`, or `0.123 s (no measured error)` for a single run
+    whose profile has none."""
+    value = row.get(metric)
+    if _missing(value):
+        return "-"
+    text = f"{rounded(value * scale)} {unit}"
+    low, high = row.get(f"{metric}_low"), row.get(f"{metric}_high")
+    if _missing(low) or _missing(high):
+        return text
+    band = band_text(value, low, high, scale).split(" (", 1)[1].rstrip(")")
+    if row.get(f"{metric}_measured_error", True):
+        return f"{text} ({band})"
+    return f"{text} (no measured error)" if low == high else \
+        f"{text} (seeds {band}; no measured error)"
+
+
 def people_plan_table(plans: pd.DataFrame,
                       errors_by_gpu: Mapping[str, ProfileErrors | None] | None = None,
                       confidence: float = DEFAULT_CONFIDENCE) -> pd.DataFrame:

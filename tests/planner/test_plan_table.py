@@ -54,3 +54,29 @@ def test_a_saved_plan_table_shows_the_intervals_it_was_written_with(tmp_path):
     assert live.iloc[0]["Interval (90%)"] == "seeds x measured error of h100-prof (3 workloads)"
     old = people_plan_table(plans)  # a table written before the interval columns existed
     assert old.iloc[0]["p99 TTFT (s)"] == "0.123" and old.iloc[0]["Interval (90%)"] == NO_INTERVAL
+
+
+def test_a_sentence_value_carries_its_unit_and_interval_or_says_no_measured_error():
+    from planner.outputs.plan_table import interval_phrase
+
+    row = dict(x_s=0.123, x_s_low=0.1, x_s_high=0.16, x_s_measured_error=True)
+    assert interval_phrase(row, "x_s", "s") == "0.123 s (0.1-0.16)"
+    seeds = dict(row, x_s_low=0.12, x_s_high=0.13, x_s_measured_error=False)
+    assert interval_phrase(seeds, "x_s", "s") == "0.123 s (seeds 0.12-0.13; no measured error)"
+    single = dict(row, x_s_low=0.123, x_s_high=0.123, x_s_measured_error=False)
+    assert interval_phrase(single, "x_s", "ms", 1e3) == "123 ms (no measured error)"
+
+
+def test_the_plan_headline_gives_the_p99_ttft_with_its_interval():
+    from planner.jobs.dashboard import PlanTables, plan_headline
+    from planner.scenario.loading import load_scenario
+
+    scenario = load_scenario("scenarios/default.yaml")
+    plans = pd.DataFrame([dict(ROW, gpu="H100-64GB"), dict(ROW, gpu="H200", strategy="mol")])
+    headline = plan_headline(scenario, PlanTables(plans, pd.DataFrame(), pd.DataFrame()))
+    # The fitted H100-64GB profile's held-out errors widen the seeds' 0.12-0.13.
+    band = headline.split("p99 TTFT 0.123 s (")[1].split(")")[0]
+    low, high = (float(x) for x in band.split("-"))
+    assert low < 0.12 or high > 0.13
+    scaled = plan_headline(scenario, PlanTables(plans.iloc[1:], pd.DataFrame(), pd.DataFrame()))
+    assert "p99 TTFT 0.123 s (seeds 0.12-0.13; no measured error)" in scaled
