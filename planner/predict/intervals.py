@@ -161,6 +161,13 @@ def plan_row_text(row: Mapping, errors: ProfileErrors | None, confidence: float)
             continue
         interval = metric_interval(metric, value, row.get(f"{metric}_min", value),
                                    row.get(f"{metric}_max", value), errors, confidence)
+        if errors is not None and not interval.has_measured_error:
+            # The profile's validation does not measure this metric: say so, not a band.
+            text = f"{_number(metric, value)} {unit(metric)} (no measured error)"
+            if interval.low != interval.high:
+                text = format_interval(metric, interval)
+            parts.append(f"{name} {text}")
+            continue
         parts.append(f"{name} {format_interval(metric, interval, note=False)}")
     text = ", ".join(parts) + f" ({confidence:.0%} intervals"
     text += "; no measured error: seeds only)" if errors is None else ")"

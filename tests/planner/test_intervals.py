@@ -87,8 +87,11 @@ def test_a_plan_row_prints_each_p99_with_its_interval_and_the_confidence_cost():
                e2e_p99_s=2.0, confidence_extra_gpus=2)
     errors = ProfileErrors("p", {"ttft_p99_s": (-0.5,), "e2e_p99_s": (0.0,)})
     assert plan_row_text(row, errors, 0.9) == (
-        "p99 TTFT 0.123 s (0.24-0.26), p99 TPOT 0.01 s (0.01-0.01), p99 E2E 2 s (2-2) "
+        "p99 TTFT 0.123 s (0.24-0.26), p99 TPOT 0.01 s (no measured error), p99 E2E 2 s (2-2) "
         "(90% intervals); the confidence costs +2 GPUs over the point estimate")
+    spread = dict(tpot_p99_s=0.01, tpot_p99_s_min=0.009, tpot_p99_s_max=0.012)
+    assert plan_row_text(spread, errors, 0.9) == (
+        "p99 TPOT 0.01 s (seeds 0.009-0.012; no measured error) (90% intervals)")
     assert plan_row_text({"e2e_p99_s": 2.0}, None, 0.9) == (
         "p99 E2E 2 s (2-2) (90% intervals; no measured error: seeds only)")
 
