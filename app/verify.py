@@ -22,7 +22,6 @@ import numpy as np
 
 from planner.verify.checks import VerifyResult, strategy_entry, summarize
 from planner.verify.prepare import (
-    SUPPORTED_KINDS,
     TINY_MODEL,
     PlannedDeployment,
     adapter_specs,
@@ -31,8 +30,15 @@ from planner.verify.prepare import (
     layer_costs_json,
     planned_deployments,
     predict_replay,
+    refusal,
     replica_scenario,
+    router_spec,
 )
+
+
+class NothingToVerify(ValueError):
+    """Every strategy asked for is one the engine cannot run (the message says what is
+    missing for each): bad input, exit 2."""
 
 
 @dataclass(frozen=True)
@@ -62,24 +68,27 @@ def resolve_device(scenario, device: str | None) -> str:
 
 def selected(scenario, plans: list[PlannedDeployment],
              options: VerifyOptions) -> tuple[list[PlannedDeployment], list[str]]:
-    """The strategies to verify, and a line for each one skipped."""
+    """The strategies to verify, and a line for each one skipped (what the engine lacks for
+    it). NothingToVerify when none is left."""
     labels = [s.label for s in scenario.strategies]
     unknown = [s for s in options.strategies if s not in labels]
     if unknown:
         raise ValueError(f"--strategy: {unknown} not in the scenario; allowed: {labels}")
     chosen, skipped = [], []
     for p in plans:
-        kind, arch = scenario.strategies[p.index].kind, scenario.strategy_arch(p.index).name
+        arch = scenario.strategy_arch(p.index).name
         if options.strategies and p.strategy not in options.strategies:
             continue
-        if kind not in SUPPORTED_KINDS:
-            skipped.append(f"{p.strategy}: kind {kind!r} is not verified on vLLM (verify "
-                           f"serves {', '.join(SUPPORTED_KINDS)})")
+        why = refusal(scenario, p.index)
+        if why is not None:
+            skipped.append(why)
         elif options.model_path is None and arch != TINY_MODEL:
             raise ValueError(f"--model-path: strategy {p.strategy!r} serves {arch!r}; give its "
                              f"Hugging Face folder (molcap builds only {TINY_MODEL} itself)")
         else:
             chosen.append(p)
+    if not chosen:
+        raise NothingToVerify("nothing to verify: " + "; ".join(skipped))
     return chosen, skipped
 
 
@@ -93,7 +102,9 @@ def measure_strategy(scenario, planned: PlannedDeployment, options: VerifyOption
         measure,
         replay_conversations,
     )
+    from calibrate.verify_routing import build_router
     from planner.predict.simulation import create_workload
+    from sim.io.files import file_name
 
     index = planned.index
     point = replica_scenario(scenario, planned, options.num_requests)
@@ -105,9 +116,15 @@ def measure_strategy(scenario, planned: PlannedDeployment, options: VerifyOption
                                          point.strategy_arch(index).vocab_size)
     kwargs = engine_kwargs(point, index, str(model), device)
     host = host_settings(point, device)
+    spec = router_spec(point, index)
+    router = None if spec is None else build_router(
+        [s["name"] for s in specs], adapters, spec["route_layer"], model,
+        work / "router" / file_name(planned.strategy), spec["seed"])
     ran = measure(kwargs, kind, adapters, host, conversations, clock=options.clock,
-                  device=device, group=f"verify:{planned.strategy}", on_record=on_record)
-    return dict(strategy=planned.strategy, index=index, source=planned.source,
+                  device=device, group=f"verify:{planned.strategy}", on_record=on_record,
+                  router=router)
+    routing = {} if spec is None else dict(routing=dict(ran["routing"], planned=spec))
+    return dict(**routing, strategy=planned.strategy, index=index, source=planned.source,
                 deployment=asdict(planned.deployment), is_feasible=planned.is_feasible,
                 engine_kwargs=kwargs, host=dict(host, allocator=ran["allocator"]),
                 num_kv_blocks=ran["num_kv_blocks"], clock=options.clock, device=device,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -96,10 +96,16 @@ def build_tiny_model(folder: Path) -> Path:
 def replay_conversations(workload, kind: str, seed: int, vocab_size: int):
     """The simulator's workload arrays as conversations to replay: random tokens of each
     turn's length (a conversation's initial context joins its first turn), each turn on its
-    own adapter, the turn's think time honoured."""
+    own adapter, the turn's think time honoured. Under "routed" a turn names no adapter (-1)
+    unless the workload has the client name it."""
     from calibrate.replay import ReplayConversation, ReplayTurn
 
     rng = np.random.default_rng(seed)
+    named = workload.turn_is_named
+    if kind == "routed":  # -1: the plugin's router picks
+        domain = np.where(named if named is not None else False, workload.turn_domain, -1)
+    else:
+        domain = workload.turn_domain
     out = []
     for c in range(workload.num_conversations):
         first, count = int(workload.conv_first_turn[c]), int(workload.conv_num_turns[c])
@@ -110,9 +116,9 @@ def replay_conversations(workload, kind: str, seed: int, vocab_size: int):
             turns.append(ReplayTurn(tuple(rng.integers(3, vocab_size, max(n, 1)).tolist()),
                                     int(workload.turn_reply_tokens[t]),
                                     float(workload.turn_think_s[t]),
-                                    adapter=int(workload.turn_domain[t])))
+                                    adapter=int(domain[t])))
         out.append(ReplayConversation(float(workload.conv_arrival_s[c]), kind,
-                                      int(workload.turn_domain[first]), tuple(turns)))
+                                      int(domain[first]), tuple(turns)))
     return out
 
 
@@ -120,7 +126,8 @@ class VerifySession:
     """One in-process vLLM engine serving one strategy (the interface
     `calibrate.replay.replay_open_loop` drives: `llm` and `lora_request`)."""
 
-    def __init__(self, engine_kwargs: dict, kind: str, adapters: list[Path], host: dict):
+    def __init__(self, engine_kwargs: dict, kind: str, adapters: list[Path], host: dict,
+                 router: dict | None = None):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine steps in this process
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         from calibrate.host_allocator import keep_freed_memory
@@ -134,9 +141,17 @@ class VerifySession:
             self.allocator = keep_freed_memory()
         from vllm import LLM
 
-        self.kind, self.adapters = kind, adapters
+        from calibrate.verify_routing import plugin_config
+
+        self.kind, self.adapters, self.router = kind, adapters, router
         self.prefix_caching = engine_kwargs.get("enable_prefix_caching", True)
-        self.llm = LLM(skip_tokenizer_init=True, **engine_kwargs)
+        self._plugin = ExitStack()  # the router's config, from before the engine starts
+        self._plugin.enter_context(plugin_config(router and router["config"]))
+        try:
+            self.llm = LLM(skip_tokenizer_init=True, **engine_kwargs)
+        except BaseException:
+            self._plugin.close()
+            raise
         cache = self.llm.llm_engine.vllm_config.cache_config
         self.num_kv_blocks = int(cache.num_gpu_blocks or 0)
 
@@ -149,11 +164,25 @@ class VerifySession:
         count = max(1, len(self.adapters))
         prompts = [TokensPrompt(prompt_token_ids=list(range(3, 19))) for _ in range(count)]
         loras = [self.lora_request(self.kind, i) for i in range(count)]
-        params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True,
-                                detokenize=False)
+        params = [SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True,
+                                 detokenize=False, extra_args=extra)
+                  for extra in self._warm_up_extras(count)]
         self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+        if self.router:  # the head's first decision
+            self.llm.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0.0,
+                                                          ignore_eos=True, detokenize=False),
+                              use_tqdm=False)
         if self.prefix_caching:
             self.llm.reset_prefix_cache()
+
+    def _warm_up_extras(self, count: int) -> list[dict | None]:
+        """Routed: each adapter forced by its hash (loaded under the id routing gives it)."""
+        if not self.router:
+            return [None] * count
+        from engine_ext.vllm_plugin.hashing import adapter_hash
+        from engine_ext.vllm_plugin.runtime import HASH_KEY
+
+        return [{HASH_KEY: adapter_hash(str(p))} for p in self.adapters]
 
     @contextmanager
     def timed_steps(self):
@@ -184,13 +213,15 @@ class VerifySession:
                                        clock="cpu" if device == "cpu" else "wall")
 
     def lora_request(self, kind: str, index: int):
-        """The LoRARequest of adapter `index` (None under base)."""
-        if kind == "base":
+        """The LoRARequest of adapter `index` (None under base, and for a routed request:
+        index -1)."""
+        if kind == "base" or index < 0:
             return None
         from vllm.lora.request import LoRARequest
 
         path = self.adapters[index % len(self.adapters)]
-        return LoRARequest(f"{kind}{index}", ADAPTER_KINDS[kind] + index + 1, str(path))
+        offset = ADAPTER_KINDS.get(kind, 0)  # routed: named requests as multi-LoRA ones
+        return LoRARequest(f"{kind}{index}", offset + index + 1, str(path))
 
     def close(self) -> None:
         """Stop the engine and free what vLLM holds."""
@@ -199,23 +230,64 @@ class VerifySession:
         self.llm.llm_engine.engine_core.shutdown()
         del self.llm
         gc.collect()
+        self._plugin.close()
 
 
 def measure(engine_kwargs: dict, kind: str, adapters: list[Path], host: dict, conversations,
-            *, clock: str, device: str, group: str, on_record) -> dict:
+            *, clock: str, device: str, group: str, on_record, router: dict | None = None
+            ) -> dict:
     """Start the engine, warm it up, replay `conversations` open loop on `clock` (finished
     requests also go to `on_record` as they finish), stop the engine. The requests, the timed
-    steps as samples, the KV blocks vLLM resolved and the allocator in use."""
+    steps as samples, the KV blocks vLLM resolved and the allocator in use; with a `router`
+    (`calibrate.verify_routing.build_router`), what it decided and one decision's cost as a
+    client sees it (probed before the replay)."""
     from calibrate.replay import replay_open_loop
 
-    session = VerifySession(engine_kwargs, kind, adapters, host)
+    session = VerifySession(engine_kwargs, kind, adapters, host, router)
     try:
         session.warm_up()
+        probe = _probe(session, conversations, clock) if router else None
+        before = _counts(router)
         with session.timed_steps() as timings:
             records = replay_open_loop(session, conversations, clock=clock,
                                        on_record=on_record)
     finally:
         session.close()
     steps = session.step_samples(timings, group, device)
-    return dict(records=records, steps=[s.to_json() for s in steps],
-                num_kv_blocks=session.num_kv_blocks, allocator=session.allocator)
+    out = dict(records=records, steps=[s.to_json() for s in steps],
+               num_kv_blocks=session.num_kv_blocks, allocator=session.allocator)
+    if router:
+        out["routing"] = _routing_result(router, adapters, before, probe, records)
+    return out
+
+
+NUM_DECISION_PROBES = 8
+"""Prompts the routing decision's cost is probed on (each sent alone, both ways, repeated)."""
+
+
+def _probe(session, conversations, clock: str) -> dict:
+    from calibrate.verify_routing import probe_decisions
+
+    prompts = [list(c.turns[0].user_token_ids) for c in conversations[:NUM_DECISION_PROBES]]
+    return probe_decisions(session.llm, prompts, session.router["counter_dir"], clock)
+
+
+def _counts(router: dict | None) -> dict:
+    from calibrate.verify_routing import decision_snapshot
+
+    return decision_snapshot(router["counter_dir"]) if router else {}
+
+
+def _routing_result(router: dict, adapters: list[Path], before: dict, probe: dict,
+                    records: list[dict]) -> dict:
+    """The router's decisions in the replay and the probe; refuses a replay it never routed
+    (the plugin declined in-engine routing on this vLLM: its reason is named)."""
+    from calibrate.verify_routing import NotRouted, replay_decisions
+
+    names = {str(p): p.name for p in adapters}
+    decided = replay_decisions(router["counter_dir"], before, names)
+    num_routed = sum(r["adapter"] < 0 for r in records)
+    if num_routed and decided["counts"]["written"] == 0:
+        raise NotRouted(decided["refused"])
+    return dict(decided, num_routed_requests=num_routed, probe=probe,
+                num_head_params=router["num_head_params"], config=router["config"])

@@ -77,6 +77,24 @@ def describe_run(entry: dict) -> str:
             f"deployment from {entry['source']}")
 
 
+def routing_line(entry: dict) -> list[str]:
+    """A routed strategy: where the router read, what it chose, and one decision's cost as the
+    client saw it (routed minus carried first-token time) against the simulator's."""
+    r = entry.get("routing")
+    if not r:
+        return []
+    planned, probe, counts = r["planned"], r["probe"], r["counts"]
+    chosen = ", ".join(f"{n} {c}" for n, c in sorted(r["chosen"].items())) or "none logged"
+    return [f"  routed in the engine by the molcap plugin: pointer head after layer "
+            f"{planned['route_layer']} ({r['num_head_params']:,} parameters; the plan priced "
+            f"{planned['num_head_params']:,}), {counts['written']} decisions for "
+            f"{r['num_routed_requests']} routed requests (chosen: {chosen})",
+            f"  routing decision as the client sees it: measured "
+            f"{fmt_value('decision_s', probe['decision_s'])} (first-token time routed minus "
+            f"with the choice carried, median of {len(probe['pairs'])} prompts sent alone), "
+            f"predicted {fmt_value('decision_s', planned['predicted_decision_s'])}"]
+
+
 def slo_lines(entry: dict) -> list[str]:
     """Per SLO: measured vs limit, attainment vs the share the percentile needs, verdict."""
     out = []
@@ -93,7 +111,7 @@ def terminal_text(result) -> str:
     lines = []
     for entry in result.strategies:
         lines += [describe_run(entry), strategy_table(entry), within_line(entry),
-                  *slo_lines(entry), ""]
+                  *routing_line(entry), *slo_lines(entry), ""]
     lines += [f"not verified: {s}" for s in result.skipped]
     lines += [f"failed: {s}" for s in result.failed]
     lines.append("plan: the deployment's seed mean (molcap run); predicted: the simulator on "
@@ -114,6 +132,7 @@ def verify_section(result):
     from planner.outputs.report import ReportSection
 
     text = " ".join(describe_run(e) + ". " + within_line(e).strip() + ". "
+                    + " ".join(s.strip() + "." for s in routing_line(e)) + " "
                     + " ".join(s.strip() for s in slo_lines(e))
                     for e in result.strategies)
     if result.skipped:

@@ -15,16 +15,15 @@ from planner.scenario.schema import Scenario
 from planner.scenario.workloads import ConversationWorkload, PunicaWorkload
 from planner.search.slo_search import Deployment
 from planner.search.strategy_plan import with_deployment
-from sim.strategies.registry import STRATEGIES, get_strategy
+from sim.strategies.registry import get_strategy
 
 PLAN_METRICS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s",
                 "e2e_p99_s", "output_tokens_per_s")
 """Metrics a plan reports (seed means of the whole deployment at the target rate)."""
 TINY_MODEL = "vllm-tiny-llama"
 """The one catalogue model verify builds itself (the CPU profile's model)."""
-SUPPORTED_KINDS = tuple(kind for kind, s in STRATEGIES.items() if s.is_verifiable)
-"""Strategy kinds verify serves on vLLM (each strategy's `is_verifiable`; routed and
-multi-agent strategies are not verified)."""
+ROUTED_KIND = "routed"
+"""The adapter kind of a strategy the plugin routes: requests name no adapter."""
 
 
 class PlanMismatch(ValueError):
@@ -45,6 +44,37 @@ class PlannedDeployment:
     """The plan's seed-mean metrics and their min/max (`<metric>_min`, `<metric>_max`)."""
     source: str
     """Where the deployment comes from: the plan file, or the scenario."""
+
+
+def is_routed_in_engine(scenario: Scenario, index: int) -> bool:
+    """The strategy is routed after a decoder layer inside the engine (MoL2 with `route_layer`
+    on a decoder-only model): the molcap vLLM plugin's router picks each request's adapter."""
+    strategy = scenario.strategies[index]
+    return (get_strategy(strategy.kind).is_routing and not scenario.strategy_arch(index).is_ced
+            and getattr(strategy, "route_layer", None) is not None)
+
+
+def refusal(scenario: Scenario, index: int) -> str | None:
+    """Why vLLM cannot run this strategy as planned, naming what is missing (None: it can)."""
+    strategy = scenario.strategies[index]
+    served, arch = get_strategy(strategy.kind), scenario.strategy_arch(index)
+    if served.is_verifiable or is_routed_in_engine(scenario, index):
+        return None
+    head = f"{strategy.label}: kind {strategy.kind!r} is not verified on vLLM"
+    if served.is_model_per_domain:
+        return (f"{head}: it serves one full model per domain on replicas of its own, and verify "
+                "starts one engine per strategy (missing: a multi-model deployment driver)")
+    if served.is_routing and arch.is_ced:
+        return (f"{head}: vLLM has no implementation of the causal encoder-decoder model "
+                f"{arch.name!r} its router reads (missing: a CED model in vLLM and a "
+                "contextual or CED router in the molcap plugin; the plugin routes decoder-only "
+                "models with a MoL2 pointer head: kind mol2 with route_layer)")
+    if served.is_routing:
+        return (f"{head}: its router is an adapter decoding a label, then a handoff prefill and "
+                "a summary hop, a client-side protocol verify does not drive (missing: that "
+                "driver; the plugin routes in the engine with a MoL2 pointer head: kind mol2 "
+                "with route_layer)")
+    return f"{head} (missing: an engine mapping for this kind)"
 
 
 def scenario_deployment(scenario: Scenario) -> Deployment:
@@ -140,8 +170,9 @@ def replica_scenario(scenario: Scenario, planned: PlannedDeployment,
 
 def engine_kwargs(scenario: Scenario, index: int, model_path: str, device: str) -> dict:
     """`vllm.LLM` keyword arguments of one replica of the (replica-)scenario: exactly the
-    plan's limits; eager mode on CPU (as the CPU profile was measured), float32 for the tiny
-    model built here, vLLM's defaults for everything else."""
+    plan's limits; eager mode on CPU (as the CPU profile was measured) and for in-engine
+    routing (the plugin's layer hook needs it), float32 for the tiny model built here, vLLM's
+    defaults for everything else."""
     e, hw = scenario.engine, scenario.hardware
     arch = scenario.strategy_arch(index)
     is_tiny = arch.name == TINY_MODEL
@@ -152,7 +183,8 @@ def engine_kwargs(scenario: Scenario, index: int, model_path: str, device: str) 
                enable_prefix_caching=e.enable_prefix_caching,
                enable_chunked_prefill=e.enable_chunked_prefill,
                gpu_memory_utilization=e.gpu_memory_utilization, seed=scenario.seed,
-               enforce_eager=device == "cpu", dtype="float32" if is_tiny else "auto")
+               enforce_eager=device == "cpu" or is_routed_in_engine(scenario, index),
+               dtype="float32" if is_tiny else "auto")
     if get_strategy(scenario.strategies[index].kind).uses_adapters:
         out.update(enable_lora=True, max_loras=e.max_loras, max_lora_rank=e.max_lora_rank,
                    max_cpu_loras=max(e.max_cpu_loras, len(adapters)))
@@ -164,16 +196,39 @@ def engine_kwargs(scenario: Scenario, index: int, model_path: str, device: str) 
 
 
 def adapter_specs(scenario: Scenario, index: int) -> tuple[str, list[dict]]:
-    """The adapter kind the engine names requests by ("base", "lora", "lora_p", "direft_p")
-    and each adapter's name, rank, modules and layers."""
+    """The adapter kind the engine names requests by ("base", "lora", "lora_p", "direft_p";
+    "routed": none, the plugin's router picks) and each adapter's name, rank, modules and
+    layers."""
     strategy = scenario.strategies[index]
     served = get_strategy(strategy.kind)
     if not served.uses_adapters:
         return "base", []
-    kind = served.engine_adapter_kind(strategy)
+    kind = ROUTED_KIND if is_routed_in_engine(scenario, index) else \
+        served.engine_adapter_kind(strategy)
     return kind, [dict(name=a.name, rank=a.rank, target_modules=list(a.target_modules),
                        layers=None if a.layers is None else list(a.layers))
                   for a in strategy.adapters]
+
+
+def router_spec(scenario: Scenario, index: int) -> dict | None:
+    """What the engine's router is built with (None: not routed in the engine): the layer it
+    reads, the head size the plan priced, and the simulator's analytical seconds of one
+    decision (the pointer head inside the answer's prefill step)."""
+    if not is_routed_in_engine(scenario, index):
+        return None
+    from planner.predict.simulation import strategy_spec
+    from planner.scenario.pricing import create_strategy_costing
+    from sim.strategies.strategy import TurnPricing
+
+    strategy, arch = scenario.strategies[index], scenario.strategy_arch(index)
+    costing = create_strategy_costing(scenario, index)
+    pricing = TurnPricing(costing.coeffs, costing.profile, scenario.engine.max_num_batched_tokens,
+                          num_query_tokens=1, routing_last_layer=strategy.route_layer + 1)
+    decision_s = get_strategy(strategy.kind).decision_s(strategy_spec(scenario, index), pricing,
+                                                        num_context_tokens=0)
+    return dict(route_layer=strategy.route_layer, num_head_params=strategy.num_head_params,
+                num_layers=arch.num_layers, predicted_decision_s=float(decision_s),
+                seed=scenario.seed)
 
 
 def host_settings(scenario: Scenario, device: str) -> dict:
