@@ -1,10 +1,11 @@
-"""Interval columns for the charts: `<metric>_low`, `<metric>_high` and
+"""Interval columns for the charts and tables: `<metric>_low`, `<metric>_high` and
 `<metric>_measured_error` beside each predicted metric of a table, the same interval the
 people's tables print (the seeds' spread widened by the measured error of the profile that
-priced the row), and per row what widened it (`interval_source`) at which confidence
-(`interval_confidence`). The figure builders and people's tables only read these columns; the
-pricing stays here. `molcap run` and `molcap sweep` write them into their table files, so a
-saved run shows its intervals without recomputing them."""
+priced the row), and per row what widened it (`interval_source`), whether its profile has a
+validation at all (`interval_validated`) and at which confidence (`interval_confidence`). The
+figure builders and people's tables only read these columns; the pricing stays here. `molcap
+run` and `molcap sweep` write them into their table files, so a saved run shows its intervals
+without recomputing them."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ def with_intervals(frame: pd.DataFrame, errors_by_gpu: Mapping[str, ProfileError
         out[f"{metric}_low"], out[f"{metric}_high"] = low, high
         out[f"{metric}_measured_error"] = measured
     out["interval_source"] = [error_source(errors_by_gpu.get(g)) for g in gpus]
+    out["interval_validated"] = [errors_by_gpu.get(g) is not None for g in gpus]
     out["interval_confidence"] = confidence
     return out
 

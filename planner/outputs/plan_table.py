@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import numpy as np
 import pandas as pd
 
 from planner.outputs.interval_columns import with_intervals
@@ -45,8 +46,9 @@ def band_text(value: float, low: float, high: float, scale: float = 1.0) -> str:
 def interval_cell(row: Mapping, metric: str, scale: float = 1.0,
                   mark_seeds: bool = False) -> str:
     """A value with its interval from the row's interval columns, the value alone where the
-    row has none. `mark_seeds`: a band with no measured error reads `0.12 (seeds 0.11-0.13)`,
-    and a single run's (no band at all) the value alone."""
+    row has none. `mark_seeds`: a band with no measured error reads `0.12 (seeds 0.11-0.13)`;
+    a single run's (no band at all) is the value alone, `(no measured error)` beside it where
+    the row's profile has a validation that does not measure this metric."""
     value = row.get(metric)
     if _missing(value):
         return "-"
@@ -54,9 +56,11 @@ def interval_cell(row: Mapping, metric: str, scale: float = 1.0,
     if _missing(low) or _missing(high):
         return rounded(value * scale)
     if mark_seeds and not row.get(f"{metric}_measured_error", True):
-        if low == high:
-            return rounded(value * scale)
-        return band_text(value, low, high, scale).replace(" (", " (seeds ", 1)
+        if low != high:
+            return band_text(value, low, high, scale).replace(" (", " (seeds ", 1)
+        flag = row.get("interval_validated")
+        validated = isinstance(flag, bool | np.bool_) and bool(flag)
+        return rounded(value * scale) + (" (no measured error)" if validated else "")
     return band_text(value, low, high, scale)
 
 
@@ -101,8 +105,8 @@ def people_plan_table(plans: pd.DataFrame,
                "Rate per replica (req/s)": rounded(row.get("per_replica_rate_per_s")),
                "Batch / adapter slots": f"{int(row['max_num_seqs'])} / {int(row['max_loras'])}"}
         for metric, name, unit, scale in LATENCIES:
-            out[f"{name} ({unit})"] = interval_cell(row, metric, scale)
-        out["Output (tok/s)"] = interval_cell(row, "output_tokens_per_s")
+            out[f"{name} ({unit})"] = interval_cell(row, metric, scale, mark_seeds=True)
+        out["Output (tok/s)"] = interval_cell(row, "output_tokens_per_s", mark_seeds=True)
         level = row.get("interval_confidence")
         level = confidence if _missing(level) else level
         out[f"Interval ({level:.0%})"] = row.get("interval_source") or NO_INTERVAL

@@ -98,7 +98,10 @@ def test_a_feasible_plan_shows_the_table_for_people(in_workdir):
     assert {"Strategy", "Deployment", "Cost ($/h)", "p99 TTFT (s)", "p99 TPOT (ms)",
             "Interval (90%)"} <= set(table.columns)
     assert not any("_" in c for c in table.columns)  # no raw snake_case names
-    assert table["p99 TTFT (s)"].str.match(r"^[\d.,]+ \([\d.,]+-[\d.,]+\)$").all()
+    # The scaled H100-SXM profile has no validation and one seed: the value alone, and the
+    # interval column says why.
+    assert table["p99 TTFT (s)"].str.fullmatch(r"[\d.,]+").all()
+    assert (table["Interval (90%)"] == "seeds only: no measured error").all()
 
 
 def test_a_search_can_be_cancelled_and_keeps_what_finished(in_workdir):

@@ -25,8 +25,10 @@ def test_columns_are_named_with_units_and_values_rounded_with_their_interval():
     assert row["Deployment"] == "4 x H100-SXM (TP 1, 4 replicas)"
     assert row["Cost ($/h)"] == "12.35" and row["Cost ($/M output tokens)"] == "0.123"
     assert row["p99 TTFT (s)"] == "0.123 (0.24-0.26)"  # seeds 0.12-0.13, x2
-    assert row["p99 TPOT (ms)"] == "12.3 (12-12.5)"  # no measured TPOT error: the seeds alone
-    assert row["Output (tok/s)"] == "1,234 (1,200-1,300)"
+    # No measured TPOT or output error: the seeds' spread alone, and says so.
+    assert row["p99 TPOT (ms)"] == "12.3 (seeds 12-12.5)"
+    assert row["Output (tok/s)"] == "1,234 (seeds 1,200-1,300)"
+    assert row["p99 E2E (s)"] == "2.5 (seeds 2.4-2.6)"
     assert row["Interval (90%)"] == "seeds x measured error of h100-prof (2 workloads)"
     assert table.iloc[1]["Deployment"] == "no plan" and table.iloc[1]["Why"] == "too slow"
     assert not any("_" in c for c in table.columns)  # no raw snake_case names
@@ -35,7 +37,14 @@ def test_columns_are_named_with_units_and_values_rounded_with_their_interval():
 def test_a_gpu_without_measured_error_says_so():
     table = people_plan_table(pd.DataFrame([ROW]), {})
     assert table.iloc[0]["Interval (90%)"] == "seeds only: no measured error"
-    assert table.iloc[0]["p99 E2E (s)"] == "2.5 (2.4-2.6)"
+    assert table.iloc[0]["p99 E2E (s)"] == "2.5 (seeds 2.4-2.6)"
+    one_seed = {k: v for k, v in ROW.items() if not k.endswith(("_min", "_max"))}
+    single = people_plan_table(pd.DataFrame([one_seed]), {}).iloc[0]
+    assert single["p99 TTFT (s)"] == "0.123"  # nothing measured, no spread: the value alone
+    validated = people_plan_table(pd.DataFrame([one_seed]), {
+        "H100-SXM": ProfileErrors("p", {"ttft_p99_s": (0.0, 0.1)})}).iloc[0]
+    assert validated["p99 E2E (s)"] == "2.5 (no measured error)"  # its validation lacks E2E
+    assert validated["p99 TTFT (s)"].startswith("0.123 (0.")
 
 
 def test_a_saved_plan_table_shows_the_intervals_it_was_written_with(tmp_path):
