@@ -50,6 +50,9 @@ class DecodeGroup:
         self.context_offsets: list[int] = []
         """Each member's computed tokens minus `tick`."""
         self._offsets_array: np.ndarray | None = None  # of context_offsets, until they change
+        self._end_contexts: list[int] = []
+        """Each member's computed tokens once it has finished (prompt - 1 + outputs)."""
+        self._ends_array: np.ndarray | None = None  # of _end_contexts, until they change
         self.adapters: dict[int, int] = {}
         """Members per adapter, over members whose decode is adapted."""
         self.num_adapted = 0
@@ -75,7 +78,8 @@ class DecodeGroup:
         self.members.insert(i, seq)
         self.orders.insert(i, order)
         self.context_offsets.insert(i, seq.num_computed_tokens - self.tick)
-        self._offsets_array = None
+        self._end_contexts.insert(i, seq.num_prompt_tokens - 1 + seq.num_output_tokens)
+        self._offsets_array = self._ends_array = None
         if seq.is_decode_adapted and seq.adapter >= 0:
             self.adapters[seq.adapter] = self.adapters.get(seq.adapter, 0) + 1
             self.num_adapted += 1
@@ -107,7 +111,9 @@ class DecodeGroup:
         self.members[:] = [seq for _, seq, _ in joined]
         self.orders[:] = [order for order, _, _ in joined]
         self.context_offsets[:] = [seq.num_computed_tokens - tick for _, seq, _ in joined]
-        self._offsets_array = None
+        self._end_contexts[:] = [seq.num_prompt_tokens - 1 + seq.num_output_tokens
+                                 for _, seq, _ in joined]
+        self._offsets_array = self._ends_array = None
         self._finish_heap += [(m.base + seq.num_output_tokens, order, m.token, seq)
                               for order, seq, m in joined]
         heapify(self._finish_heap)
@@ -203,6 +209,16 @@ class DecodeGroup:
             contexts = np.append(contexts, [s.num_computed_tokens for s in extra])
         return contexts
 
+    def run_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`rows` as three int64 arrays (outputs left, computed tokens, blocks held), from the
+        kept offsets and ends: only the blocks are read off the members."""
+        computed = self.contexts([])
+        if self._ends_array is None:
+            self._ends_array = np.array(self._end_contexts, dtype=np.int64)
+        held = np.fromiter((seq.num_blocks for seq in self.members), np.int64,
+                           count=len(self.members))
+        return self._ends_array - computed, computed, held
+
     def rows(self) -> list[tuple[int, int, int]]:
         """(outputs left, computed tokens, blocks held) of each member, in running order."""
         tick, info = self.tick, self._info
@@ -231,8 +247,8 @@ class DecodeGroup:
         seq.busy_decode_s = reduce(add, self._shares[member.share_start - self._share_base:],
                                    seq.busy_decode_s)
         i = bisect_left(self.orders, member.order)
-        del self.members[i], self.orders[i], self.context_offsets[i]
-        self._offsets_array = None
+        del self.members[i], self.orders[i], self.context_offsets[i], self._end_contexts[i]
+        self._offsets_array = self._ends_array = None
         if seq.is_decode_adapted and seq.adapter >= 0:
             self.num_adapted -= 1
             if self.adapters[seq.adapter] == 1:
@@ -258,7 +274,8 @@ class DecodeGroup:
         self.members.clear()
         self.orders.clear()
         self.context_offsets.clear()
-        self._offsets_array = None
+        self._end_contexts.clear()
+        self._offsets_array = self._ends_array = None
         self.adapters.clear()
         self.num_adapted = 0
         self._share_base += len(shares)

@@ -280,10 +280,12 @@ class Engine:
         # most ceil(span / bs) blocks to each: when that fits (the usual case), nothing to count.
         if len(plan.decodes) * -(-num_steps * adv // bs) <= free:
             return num_steps
-        rows = self.group.rows() if plan.num_group_decodes else [
-            (s.num_output_tokens - s.num_generated_tokens, s.num_computed_tokens,
-             s.num_blocks) for s in plan.decodes]
-        remaining, computed, held = np.array(rows).T
+        if plan.num_group_decodes:
+            remaining, computed, held = self.group.run_arrays()
+        else:
+            remaining, computed, held = np.array([
+                (s.num_output_tokens - s.num_generated_tokens, s.num_computed_tokens,
+                 s.num_blocks) for s in plan.decodes]).T
 
         def extra_blocks(k: int) -> int:
             total = computed + np.minimum(k * adv, remaining)

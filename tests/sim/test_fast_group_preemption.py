@@ -67,3 +67,26 @@ def test_bench_multilora_workload_keeps_the_group_through_preemptions(monkeypatc
     assert_same_requests(ref, fast)
     assert len(dissolved) < 0.5 * ref.summary["num_preemptions"]
     assert np.isfinite(fast.requests["finish_s"]).all()
+
+
+def test_group_run_arrays_are_its_rows(monkeypatch):
+    # The block bound of a decode run reads the group's kept offsets and ends: at every bound
+    # that needs the rows (KV short for the run), they must be the rows read off the members.
+    from sim.engine.decode_group import DecodeGroup
+
+    checked = []
+    run_arrays = DecodeGroup.run_arrays
+
+    def checking(self):
+        arrays = run_arrays(self)
+        expected = np.array(self.rows(), dtype=np.int64).T
+        assert all(np.array_equal(a, e) and a.dtype == e.dtype
+                   for a, e in zip(arrays, expected, strict=True))
+        checked.append(len(self.members))
+        return arrays
+
+    monkeypatch.setattr(DecodeGroup, "run_arrays", checking)
+    config = small_config("multi_lora", max_num_seqs=32, num_adapters=16, max_loras=8,
+                          num_kv_blocks=300, enable_prefix_caching=False)
+    simulate(config, many_adapter_requests(3, 300, 16, rate_per_s=300.0))
+    assert len(checked) > 20 and max(checked) > 5
