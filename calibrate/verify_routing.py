@@ -84,26 +84,36 @@ def plugin_config(path: str | None):
         reset_state()
 
 
-def _generate_s(llm, prompt: list[int], extra: dict | None, clock) -> float:
+def _generate_s(llm, prompt: list[int], lora, clock) -> float:
     """Seconds (on `clock`) of one request of one output token, alone on the engine."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False,
-                            extra_args=extra)
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
     start = clock()
-    llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+    llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, lora_request=lora,
+                 use_tqdm=False)
     return clock() - start
+
+
+def _as_routed(decision: dict):
+    """The LoRARequest the plugin gives a request it routed to this adapter (its name and id:
+    the same adapter slot); a request naming it is never rerouted, so it runs no head and
+    writes no decision."""
+    from vllm.lora.request import LoRARequest
+
+    path = decision["adapter"]
+    return LoRARequest(lora_name=f"molcap-routed:{Path(path).name}",
+                       lora_int_id=int(decision["adapter_hash"]), lora_path=path)
 
 
 def probe_decisions(llm, prompts: list[list[int]], counter_dir: str, clock: str) -> dict:
     """One decision's cost as a client sees it: each prompt sent alone for its first token,
-    routed (no adapter named) and with the router's choice carried as its hash (the plugin then
-    runs no head), NUM_PROBE_REPEATS times each way in alternating order, the prefix cache
-    emptied before each. Per prompt the fastest of each way; the median over the prompts of
-    routed minus carried, and each prompt's pair."""
+    routed (no adapter named) and naming the router's choice as the plugin names it (the same
+    adapter slot; no head, no decision written), NUM_PROBE_REPEATS times each way in
+    alternating order, the prefix cache emptied before each. Per prompt the fastest of each
+    way; the median over the prompts of routed minus named, and each prompt's pair."""
     from engine_ext.vllm_plugin.counters import sum_counters
-    from engine_ext.vllm_plugin.runtime import HASH_KEY
 
     now = time.perf_counter if clock == "wall" else time.thread_time
     pairs = []
@@ -114,18 +124,17 @@ def probe_decisions(llm, prompts: list[list[int]], counter_dir: str, clock: str)
         if totals.counts["written"] == before:
             raise NotRouted(_refused(totals))
         chosen = [d for d in totals.decisions if d["kind"] == "written"][-1]
-        carried = {HASH_KEY: chosen["adapter_hash"]}
-        timed = {"routed": math.inf, "carried": math.inf}
+        named = _as_routed(chosen)
+        timed = {"routed": math.inf, "named": math.inf}
         for repeat in range(NUM_PROBE_REPEATS):
-            for name in (("routed", "carried") if (i + repeat) % 2 == 0
-                         else ("carried", "routed")):
+            for way in (("routed", "named") if (i + repeat) % 2 == 0 else ("named", "routed")):
                 llm.reset_prefix_cache()
-                seconds = _generate_s(llm, prompt, None if name == "routed" else carried, now)
-                timed[name] = min(timed[name], seconds)
+                seconds = _generate_s(llm, prompt, None if way == "routed" else named, now)
+                timed[way] = min(timed[way], seconds)
         llm.reset_prefix_cache()
         pairs.append(dict(num_prompt_tokens=len(prompt), routed_s=timed["routed"],
-                          carried_s=timed["carried"], adapter=chosen["adapter"]))
-    return dict(decision_s=statistics.median(p["routed_s"] - p["carried_s"] for p in pairs),
+                          named_s=timed["named"], adapter=chosen["adapter"]))
+    return dict(decision_s=statistics.median(p["routed_s"] - p["named_s"] for p in pairs),
                 pairs=pairs, clock=clock)
 
 

@@ -79,7 +79,7 @@ def describe_run(entry: dict) -> str:
 
 def routing_line(entry: dict) -> list[str]:
     """A routed strategy: where the router read, what it chose, and one decision's cost as the
-    client saw it (routed minus carried first-token time) against the simulator's."""
+    client saw it (routed minus named first-token time) against the simulator's."""
     r = entry.get("routing")
     if not r:
         return []
@@ -91,7 +91,7 @@ def routing_line(entry: dict) -> list[str]:
             f"{r['num_routed_requests']} routed requests (chosen: {chosen})",
             f"  routing decision as the client sees it: measured "
             f"{fmt_value('decision_s', probe['decision_s'])} (first-token time routed minus "
-            f"with the choice carried, median of {len(probe['pairs'])} prompts sent alone), "
+            f"with the choice named, median of {len(probe['pairs'])} prompts sent alone), "
             f"predicted {fmt_value('decision_s', planned['predicted_decision_s'])}"]
 
 

@@ -110,7 +110,7 @@ def test_a_routed_plan_verifies_with_every_request_routed_by_the_engine(verified
         spec["predicted_decision_s"]) and spec["predicted_decision_s"] > 0
     probe = routing["probe"]
     assert len(probe["pairs"]) == NUM_REQUESTS and math.isfinite(probe["decision_s"])
-    assert all(p["routed_s"] > 0 and p["carried_s"] > 0 for p in probe["pairs"])
+    assert all(p["routed_s"] > 0 and p["named_s"] > 0 for p in probe["pairs"])
     for row in entry["rows"]:
         assert row["measured"] > 0 and row["predicted"] > 0, row
     assert "routed in the engine by the molcap plugin: pointer head after layer 1" in output
