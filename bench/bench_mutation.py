@@ -40,7 +40,8 @@ MODULES = {
     "sim/cost/cost_model.py": ["tests/sim/test_cost_model.py"],
     "sim/memory/kv_blocks.py": ["tests/sim/test_kv_blocks.py"],
     "sim/engine/step_pricer.py": ["tests/sim/test_mixed_step_prices.py",
-                                  "tests/sim/test_guarded_rules.py"],
+                                  "tests/sim/test_guarded_rules.py",
+                                  "tests/sim/test_step_pricer.py"],
     "planner/search/slo_search.py": ["tests/planner/test_search.py",
                                      "tests/planner/test_search_rules.py",
                                      "tests/planner/test_fast_search.py",
@@ -74,9 +75,13 @@ def _scratch_copy(folder: Path) -> None:
 
 
 def _sample(session: Path, size: int, seed: int) -> int:
-    """Keep `size` work items of the session (all when 0); the module's mutant count."""
+    """Keep `size` work items of the session (all when 0); the module's mutant count. Job ids
+    are random per `init`: the sample is drawn from the mutants ordered by operator and
+    occurrence, so a re-run with the same seed on the same code runs the same mutants."""
     with sqlite3.connect(session) as db:
-        jobs = sorted(row[0] for row in db.execute("SELECT job_id FROM work_items"))
+        jobs = [row[0] for row in db.execute(
+            "SELECT job_id FROM mutation_specs ORDER BY operator_name, occurrence, "
+            "start_pos_row, start_pos_col")]
         if 0 < size < len(jobs):
             drop = sorted(set(jobs) - set(random.Random(seed).sample(jobs, size)))
             db.executemany("DELETE FROM mutation_specs WHERE job_id = ?", [(j,) for j in drop])
