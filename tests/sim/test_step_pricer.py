@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from sim_configs import small_config
 
-from sim.cost.cost_model import predict_step
 from sim.engine.decode_group import DecodeGroup
 from sim.engine.sequence import Sequence
 from sim.engine.step_plan import StepPlan
