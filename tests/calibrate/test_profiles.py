@@ -20,7 +20,8 @@ SHIPPED = PROFILES_DIR / "cpu-vllm-tiny-llama.yaml"
 SCENARIO = """\
 model: vllm-tiny-llama
 hardware: {{gpu: {gpu}{profile}}}
-engine: {{max_num_seqs: 32, max_num_batched_tokens: 2048, max_lora_rank: 8{version}}}
+engine: {{max_num_seqs: 32, max_num_batched_tokens: 2048, block_size: 32,
+         max_lora_rank: 8{version}}}
 workload: {{kind: punica, num_requests: 20, num_adapters: 2, max_prompt_tokens: 200,
            num_output_tokens: 8}}
 strategies:

@@ -591,7 +591,7 @@ def test_round_trip_with_custom_model(tmp_path):
     trace.write_text("timestamp,input_length,output_length\n0,10,2\n", encoding="utf-8")
     scenario = Scenario.model_validate({
         "model": {**arch, "name": "my-qwen"}, "hardware": {"gpu": "cpu"},
-        "engine": {"max_num_seqs": 4, "max_num_batched_tokens": 512},
+        "engine": {"max_num_seqs": 4, "max_num_batched_tokens": 512, "block_size": 32},
         "strategies": [{"kind": "multi_lora", "adapters": [{"name": "a"}]}],
         "workload": {"kind": "trace", "path": str(trace), "rate_scale": 2.0},
     })
