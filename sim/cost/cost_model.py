@@ -334,16 +334,58 @@ def predict_step(coeffs: CostCoeffs, profile: LayerCosts, batch: StepBatch) -> S
     replay = sum(all_terms.values()) - sum(regular.values())
     num_seqs = int((~batch.is_replay).sum())
     is_empty = num_seqs == 0 and not has_replay and batch.num_routing_decisions == 0
-    overhead = coeffs.step_overhead_s + num_seqs * coeffs.per_sequence_overhead_s
-    if batch.is_prompt.any():
-        overhead += coeffs.prompt_step_overhead_s
-    if coeffs.layer_overhead_s and batch.first_layer.size:
-        overhead += coeffs.layer_overhead_s * float(batch.last_layer.max()
-                                                    - batch.first_layer.min())
-    overhead = 0.0 if is_empty else overhead
+    layers = (int(batch.last_layer.max() - batch.first_layer.min())
+              if batch.first_layer.size else None)
+    overhead = 0.0 if is_empty else _overhead_s(coeffs, num_seqs, bool(batch.is_prompt.any()),
+                                                layers)
     return StepCost(
         **regular,
         replay_s=replay,
         routing_s=routing_decision_s(coeffs, profile, batch.num_routing_decisions),
         overhead_s=overhead,
     )
+
+
+def _overhead_s(c: CostCoeffs, num_seqs: int, has_prompt: bool, num_layers: int | None) -> float:
+    """Fixed costs of a step of `num_seqs` sequences over a span of `num_layers` layers."""
+    overhead = c.step_overhead_s + num_seqs * c.per_sequence_overhead_s
+    if has_prompt:
+        overhead += c.prompt_step_overhead_s
+    if c.layer_overhead_s and num_layers is not None:
+        overhead += c.layer_overhead_s * float(num_layers)
+    return overhead
+
+
+def predict_counted_step(coeffs: CostCoeffs, profile: LayerCosts, *, num_tokens: int,
+                         num_samples: int, num_adapted_tokens: int, num_adapters: int,
+                         num_items: int, has_prompt: bool,
+                         num_routing_decisions: int = 0) -> StepCost:
+    """`predict_step` of a non-empty step whose items all run every layer and none is a
+    replay, from its counts alone, attention left out (attention_s 0: it depends on each
+    item's context). Such a step's other terms see its items only through these counts, in
+    sums of whole numbers (exact in any order while the profile's per-layer widths are whole
+    and the sums stay below 2**53), so they are predict_step's for any batch with these
+    counts, bit for bit: this prices them on one adapted item per distinct adapter and one
+    unadapted item, without a batch of every item."""
+    n = num_adapters + 1
+    new = np.zeros(n, dtype=np.int64)
+    new[0] = num_adapted_tokens
+    new[num_adapters] += num_tokens - num_adapted_tokens
+    ids = np.arange(n, dtype=np.int64)
+    ids[num_adapters] = -1
+    batch = StepBatch(
+        num_new_tokens=new, num_context_tokens=np.zeros(n, dtype=np.int64), adapter_ids=ids,
+        is_adapted=ids >= 0, first_layer=np.zeros(n, dtype=np.int64),
+        last_layer=np.full(n, profile.num_layers, dtype=np.int64),
+        is_replay=np.zeros(n, dtype=bool), is_last_chunk=np.ones(n, dtype=bool),
+        is_prompt=np.zeros(n, dtype=bool))
+    everything = np.ones(n, dtype=bool)
+    tokens = _tokens_per_layer(profile, batch, everything)
+    dense, moe = _gemm_s(coeffs, profile, tokens, num_samples)
+    return StepCost(
+        dense_gemm_s=dense, moe_gemm_s=moe, attention_s=0.0,
+        lora_s=_lora_s(coeffs, profile, batch, everything),
+        direft_s=_direft_s(coeffs, profile, batch, everything), replay_s=0.0,
+        routing_s=routing_decision_s(coeffs, profile, num_routing_decisions),
+        communication_s=_communication_s(coeffs, profile, tokens),
+        overhead_s=_overhead_s(coeffs, num_items, has_prompt, profile.num_layers))

@@ -23,6 +23,7 @@ from sim.cost.cost_model import (
     StepCost,
     attention_s_per_item,
     create_step_batch,
+    predict_counted_step,
     predict_step,
 )
 from sim.cost.layer_costs import LayerCosts
@@ -127,7 +128,7 @@ class StepPricer:
         self.num_predict_calls = 0
         # Per-layer widths the cost model multiplies token counts by: while they are whole
         # numbers, its sums over items are exact (below 2**53), and a plain step is priced from
-        # its counts (`_key_batch`).
+        # its counts (`predict_counted_step`).
         widths = (profile.adapter_weights_prefix, profile.lora_wrapped_in_prefix,
                   profile.lora_wrapped_out_prefix)
         self._max_exact_tokens = 0
@@ -300,8 +301,13 @@ class StepPricer:
         if cached is None:
             self.num_predict_calls += 1
             if is_plain and key[0] <= self._max_exact_tokens:
-                cached = non_attention_s(predict_step(self.coeffs, self.profile,
-                                                      self._key_batch(key)))
+                num_tokens, num_samples, num_adapted, num_adapters, num_items, num_routing, \
+                    has_prompt = key
+                cached = non_attention_s(predict_counted_step(
+                    self.coeffs, self.profile, num_tokens=num_tokens, num_samples=num_samples,
+                    num_adapted_tokens=num_adapted, num_adapters=num_adapters,
+                    num_items=num_items, has_prompt=has_prompt,
+                    num_routing_decisions=num_routing))
                 self._non_attention_s[key] = cached
                 return cached
             batch = self.batch(plan)
@@ -314,29 +320,6 @@ class StepPricer:
                     batch.first_layer, batch.last_layer).sum())
             self._non_attention_s[key] = cached
         return cached
-
-    def _key_batch(self, key: tuple) -> StepBatch:
-        """A batch of `_plan_key` `key`'s counts: its items, sampled items and tokens, the
-        adapted tokens on the first item and one adapted item per distinct adapter, the other
-        tokens on an unadapted item. Every term but attention sees a full-layer batch only
-        through those counts (sums of integer-valued floats, exact in any order while
-        `_max_exact_tokens` bounds the tokens), so it prices every plan of that key as the
-        plan's own batch does, bit for bit, without a walk over the plan's sequences."""
-        num_tokens, num_samples, num_adapted, num_adapters, num_items, num_routing, \
-            has_prompt = key
-        new = np.zeros(num_items, np.int64)
-        new[0] = num_adapted
-        if num_tokens > num_adapted:  # unadapted tokens: there is an unadapted item
-            new[num_adapters] += num_tokens - num_adapted
-        ids = np.full(num_items, -1, np.int64)
-        ids[:num_adapters] = np.arange(num_adapters)
-        is_prompt = np.zeros(num_items, bool)
-        is_prompt[0] = has_prompt
-        return create_step_batch(
-            new, np.zeros(num_items, np.int64), num_layers=self.profile.num_layers,
-            adapter_ids=ids, is_adapted=ids >= 0, is_last_chunk=np.arange(num_items) < num_samples,
-            is_replay=np.zeros(num_items, bool), is_prompt=is_prompt,
-            num_routing_decisions=num_routing)
 
     def decode_run(self, plan: StepPlan, num_steps: int) -> DecodeRun:
         """Step times of repeating the pure-decode `plan` up to `num_steps` times."""

@@ -1,6 +1,6 @@
 """The fast pricer prices a full-layer step's non-attention terms from its counts alone
-(`StepPricer._key_batch`): bit for bit what the step's own batch gives, for every adapter kind,
-model and coefficient that makes those terms depend on the batch."""
+(`sim.cost.cost_model.predict_counted_step`): bit for bit what the step's own batch gives, for
+every adapter kind, model and coefficient that makes those terms depend on the batch."""
 
 import numpy as np
 import pytest
