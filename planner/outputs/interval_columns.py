@@ -2,10 +2,10 @@
 `<metric>_measured_error` beside each predicted metric of a table, the same interval the
 people's tables print (the seeds' spread widened by the measured error of the profile that
 priced the row), and per row what widened it (`interval_source`), whether its profile has a
-validation at all (`interval_validated`) and at which confidence (`interval_confidence`). The
-figure builders and people's tables only read these columns; the pricing stays here. `molcap
-run` and `molcap sweep` write them into their table files, so a saved run shows its intervals
-without recomputing them."""
+validation at all (`interval_validated`), which profile (`interval_profile`) and at which
+confidence (`interval_confidence`). The figure builders and people's tables only read these
+columns; the pricing stays here. `molcap run` and `molcap sweep` write them into their table
+files, so a saved run shows its intervals without recomputing them."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def error_source(errors: ProfileErrors | None) -> str:
     if errors is None:
         return "seeds only: no measured error"
     num = max((len(v) for v in errors.errors.values()), default=0)
-    return f"seeds x measured error of {errors.profile} ({num} workloads)"
+    return f"seeds x measured error ({num} workloads)"
 
 
 def with_intervals(frame: pd.DataFrame, errors_by_gpu: Mapping[str, ProfileErrors | None],
@@ -55,6 +55,7 @@ def with_intervals(frame: pd.DataFrame, errors_by_gpu: Mapping[str, ProfileError
         out[f"{metric}_measured_error"] = measured
     out["interval_source"] = [error_source(errors_by_gpu.get(g)) for g in gpus]
     out["interval_validated"] = [errors_by_gpu.get(g) is not None for g in gpus]
+    out["interval_profile"] = [getattr(errors_by_gpu.get(g), "profile", None) for g in gpus]
     out["interval_confidence"] = confidence
     return out
 

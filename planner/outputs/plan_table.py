@@ -99,7 +99,7 @@ def people_plan_table(plans: pd.DataFrame,
         out = {"Strategy": row["strategy"],
                "Deployment": f"{int(row['num_gpus'])} x {row['gpu']} (TP "
                              f"{int(row['tensor_parallel_size'])}, {int(row['num_replicas'])} "
-                             "replicas)",
+                             f"replica{'s' if int(row['num_replicas']) > 1 else ''})",
                "Cost ($/h)": f"{row['cost_per_hour_usd']:,.2f}",
                "Cost ($/M output tokens)": rounded(row.get("cost_per_million_tokens_usd")),
                "Rate per replica (req/s)": rounded(row.get("per_replica_rate_per_s")),

@@ -131,7 +131,7 @@ def _array(value) -> np.ndarray:
     return np.asarray(value, dtype=float)
 
 
-MEASURED = "seeds x measured error of h100-64gb-vllm085-llama-3.1-8b"
+MEASURED = "seeds x measured error ("
 """The H100-64GB profile is fitted and validated on held-out runs: its intervals are measured."""
 
 

@@ -29,7 +29,7 @@ def test_columns_are_named_with_units_and_values_rounded_with_their_interval():
     assert row["p99 TPOT (ms)"] == "12.3 (seeds 12-12.5)"
     assert row["Output (tok/s)"] == "1,234 (seeds 1,200-1,300)"
     assert row["p99 E2E (s)"] == "2.5 (seeds 2.4-2.6)"
-    assert row["Interval (90%)"] == "seeds x measured error of h100-prof (2 workloads)"
+    assert row["Interval (90%)"] == "seeds x measured error (2 workloads)"
     assert table.iloc[1]["Deployment"] == "no plan" and table.iloc[1]["Why"] == "too slow"
     assert not any("_" in c for c in table.columns)  # no raw snake_case names
 
@@ -60,7 +60,7 @@ def test_a_saved_plan_table_shows_the_intervals_it_was_written_with(tmp_path):
     saved = load_output_folder(tmp_path).tables["plans"]
     # Read back with no profile at hand: the same table, interval and its source included.
     pd.testing.assert_frame_equal(people_plan_table(saved), live)
-    assert live.iloc[0]["Interval (90%)"] == "seeds x measured error of h100-prof (3 workloads)"
+    assert live.iloc[0]["Interval (90%)"] == "seeds x measured error (3 workloads)"
     old = people_plan_table(plans)  # a table written before the interval columns existed
     assert old.iloc[0]["p99 TTFT (s)"] == "0.123" and old.iloc[0]["Interval (90%)"] == NO_INTERVAL
 

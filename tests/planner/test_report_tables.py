@@ -65,9 +65,10 @@ def test_every_table_of_the_run_report_is_for_people(tmp_path):
     assert headers and not raw, raw
     assert "no measured error" in page  # the analytical sections say so
     # The plan's p99 TTFT carries the fitted H100-64GB profile's measured interval.
-    assert "seeds x measured error of h100-64gb-vllm085-llama-3.1-8b" in page
+    assert "seeds x measured error (205 workloads)" in page
     # The raw tables keep every column, unrounded, and the stored intervals.
     plans = pd.read_parquet(tmp_path / "out" / "tiny_report" / "tables" / "plans.parquet")
     assert {"ttft_p99_s", "ttft_p99_s_low", "ttft_p99_s_high", "interval_source"} <= set(plans)
+    assert (plans["interval_profile"] == "h100-64gb-vllm085-llama-3.1-8b").all()
     switch = pd.read_csv(tmp_path / "out" / "tiny_report" / "tables" / "switch_cost.csv")
     assert "switch_s" in switch

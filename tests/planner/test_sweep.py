@@ -161,8 +161,8 @@ def test_each_sweep_point_carries_the_interval_of_the_profile_that_priced_it(tmp
     # H100-64GB's fitted profile has a held-out validation; the scaled H100-SXM one has none.
     assert measured["ttft_p99_s_measured_error"].all()
     assert (measured["ttft_p99_s_high"] > measured["ttft_p99_s"]).all()
-    assert measured["interval_source"].str.startswith(
-        "seeds x measured error of h100-64gb-vllm085-llama-3.1-8b").all()
+    assert measured["interval_source"].str.startswith("seeds x measured error (").all()
+    assert (measured["interval_profile"] == "h100-64gb-vllm085-llama-3.1-8b").all()
     assert not scaled["ttft_p99_s_measured_error"].any()
     assert (scaled["ttft_p99_s_high"] == scaled["ttft_p99_s"]).all()  # one seed: no spread
     assert (scaled["interval_source"] == "seeds only: no measured error").all()
