@@ -11,7 +11,7 @@ SCENARIO = """\
 name: routed
 model: {model}
 hardware: {{gpu: cpu}}
-engine: {{max_loras: 2, max_lora_rank: 8}}
+engine: {{max_loras: 2, max_lora_rank: 8, block_size: 32}}
 strategies:
   - kind: mol2
     {extra}
