@@ -58,10 +58,12 @@ def _show(scenario, plan: PlanTables) -> None:
         left.plotly_chart(plan_figure(plans), width="stretch")
         right.plotly_chart(plan_latency_figure(plan_intervals(plans, scenario)), width="stretch")
         st.caption(f"Each value with its {confidence:.0%} interval: the seeds' spread widened "
-                   "by the measured error of the profile that priced it. The raw table is a "
-                   "CSV/parquet download of `molcap run`.")
+                   "by the measured error of the profile that priced it ('seeds': the spread "
+                   "alone; a value alone or 'no measured error': the profile's validation does "
+                   "not measure it).")
         st.dataframe(people_plan_table(feasible, errors, confidence), hide_index=True,
                      key="plan_table")
+        layout.raw_downloads("plans", plan_intervals(plans, scenario), "plan_raw")
     for row in plans[~plans["is_feasible"].astype(bool)].to_dict(orient="records"):
         reasons = "\n".join(f"- {r}" for r in row["candidate_reasons"] if r)
         st.warning(f"**{row['strategy']}: no plan.** Why, per candidate:\n\n{reasons}")

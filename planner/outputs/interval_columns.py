@@ -40,22 +40,20 @@ def with_intervals(frame: pd.DataFrame, errors_by_gpu: Mapping[str, ProfileError
     `gpu` column's (else `default_gpu`'s); its seeds' spread is `<metric>_min/_max` where the
     table has them (a single run: no spread)."""
     out = frame.copy()
-    gpus = out["gpu"] if "gpu" in out else pd.Series(default_gpu, index=out.index)
+    gpus = list(out["gpu"]) if "gpu" in out else [default_gpu] * len(out)
+    errors = [errors_by_gpu.get(g) for g in gpus]
     for metric in (m for m in CHARTED if m in out):
-        low, high, measured = [], [], []
-        for i, value in out[metric].items():
-            row = out.loc[i]
-            interval = metric_interval(metric, float(value), float(row.get(f"{metric}_min", value)),
-                                       float(row.get(f"{metric}_max", value)),
-                                       errors_by_gpu.get(gpus[i]), confidence)
-            low.append(interval.low)
-            high.append(interval.high)
-            measured.append(interval.has_measured_error)
-        out[f"{metric}_low"], out[f"{metric}_high"] = low, high
-        out[f"{metric}_measured_error"] = measured
-    out["interval_source"] = [error_source(errors_by_gpu.get(g)) for g in gpus]
-    out["interval_validated"] = [errors_by_gpu.get(g) is not None for g in gpus]
-    out["interval_profile"] = [getattr(errors_by_gpu.get(g), "profile", None) for g in gpus]
+        values = out[metric].astype(float)
+        lows = out.get(f"{metric}_min", values).astype(float)
+        highs = out.get(f"{metric}_max", values).astype(float)
+        intervals = [metric_interval(metric, v, lo, hi, e, confidence)
+                     for v, lo, hi, e in zip(values, lows, highs, errors, strict=True)]
+        out[f"{metric}_low"] = [i.low for i in intervals]
+        out[f"{metric}_high"] = [i.high for i in intervals]
+        out[f"{metric}_measured_error"] = [i.has_measured_error for i in intervals]
+    out["interval_source"] = [error_source(e) for e in errors]
+    out["interval_validated"] = [e is not None for e in errors]
+    out["interval_profile"] = [getattr(e, "profile", None) for e in errors]
     out["interval_confidence"] = confidence
     return out
 

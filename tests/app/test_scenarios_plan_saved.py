@@ -102,6 +102,7 @@ def test_a_feasible_plan_shows_the_table_for_people(in_workdir):
     # interval column says why.
     assert table["p99 TTFT (s)"].str.fullmatch(r"[\d.,]+").all()
     assert (table["Interval (90%)"] == "seeds only: no measured error").all()
+    assert {b.label for b in at.get("download_button")} == {"plans.csv", "plans.parquet"}
 
 
 def test_a_search_can_be_cancelled_and_keeps_what_finished(in_workdir):
