@@ -1,5 +1,6 @@
-"""Fit the H100-64GB profile from the agullo-dt slice, and derive profiles for GPU kinds that
-have no measurements of their own.
+"""Fit the H100-64GB profile from the agullo-dt slice, fit the dense part of the A100-80GB and
+H100-SXM profiles on vidur's operator times (`calibrate.gpu_vidur_fit`), and derive profiles for
+GPU kinds that have no measurements of their own (`calibrate.gpu_scaled`).
 
     python -m calibrate.gpu_fit            # rewrites the shipped GPU profiles
 

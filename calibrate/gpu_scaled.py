@@ -26,11 +26,10 @@ SM_CLOCKS = {
 """GPU kind -> (streaming multiprocessors, boost clock GHz, source)."""
 PROGRAM_TERMS = ("lora_idle_shrink_program_s", "lora_idle_expand_program_s",
                  "lora_working_program_s")
-SCALED_PROFILES = {"H100-SXM": "h100-sxm-scaled-from-h100-64gb",
-                   "H200": "h200-scaled-from-h100-64gb",
-                   "H20": "h20-scaled-from-h100-64gb",
-                   "A100-80GB": "a100-80gb-scaled-from-h100-64gb"}
-"""GPU kind -> name of its derived profile."""
+SCALED_PROFILES = {"H200": "h200-scaled-from-h100-64gb",
+                   "H20": "h20-scaled-from-h100-64gb"}
+"""GPU kind -> name of its derived profile. The A100-80GB and the 80 GB H100 (H100-SXM) have
+their dense part fitted on vidur's operator times instead (`calibrate.gpu_vidur_fit`)."""
 
 
 def program_scale(source_gpu: str, target_gpu: str) -> float:
@@ -62,10 +61,12 @@ def scale_profile(source: CalibrationProfile, target_gpu: str, name: str) -> Cal
 
 
 def write_scaled_profiles(source: CalibrationProfile, folder: Path) -> list[Path]:
-    """Write every derived profile of `SCALED_PROFILES` next to the source."""
+    """Write every profile derived from the source next to it: those of `SCALED_PROFILES`,
+    and those whose dense part vidur fits (`calibrate.gpu_vidur_fit`; LoRA kernels scaled)."""
     from calibrate.fitter import write_profile
+    from calibrate.gpu_vidur_fit import write_vidur_profiles
 
-    paths = []
+    paths = write_vidur_profiles(source, folder)
     for gpu, name in SCALED_PROFILES.items():
         path = Path(folder) / f"{name}.yaml"
         write_profile(scale_profile(source, gpu, name), path)

@@ -3,7 +3,7 @@
     python -m calibrate.gpu_validate [--every 4] [--window-s 180]
     (or: molcap calibrate validate-gpu)
 
-Three checks, none on data the fit saw:
+Four checks, none on data the fit saw:
 1. steps: the fit's held-out samples (Llama's distinct-adapter runs at 64/96/160/192
    adapters, the batch-1 warm-ups, every Qwen2.5-7B sample), error per model and kind;
 2. curve: the distinct-adapter sweep's mean TPOT (220 sequences, rank 8, max_loras 300, 1-300
@@ -15,7 +15,11 @@ Three checks, none on data the fit saw:
    thinned to a rate still above capacity), median |error| of throughput, TTFT and TPOT
    p50/p99 per model, by max_loras and by adapter ranks. TTFT of runs whose measured
    throughput falls short of the offered rate (a queue that grows for the whole hour) is left
-   out: it depends on how long the queue has grown.
+   out: it depends on how long the queue has grown;
+4. splitwise: the vidur-fitted A100-80GB and H100-SXM profiles (`calibrate.gpu_vidur_fit`) on
+   Splitwise's whole Llama-2-70B prompt and token steps at TP 2/4/8, median |error| per
+   machine, TP and phase (`calibrate.gpu_splitwise`), and the all-reduce latency refitted on
+   TP 2 and 4, checked on TP 8.
 
 The runs' errors are also written beside the profile as `<profile>.validation.json`, which
 the planner's intervals read. The profiles scaled from this fit (`calibrate.gpu_scaled`) get
@@ -183,8 +187,12 @@ def render_markdown(result: dict) -> str:
               "|---|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['slice']} | {r['num_runs']} | " + " | ".join(
         _pct(r[m]) for m in METRICS) + " |" for r in runs["summary"]]
-    lines += ["", result["notes"], ""]
-    return "\n".join(lines)
+    lines += ["", result["notes"]]
+    if "splitwise" in result:
+        from calibrate.gpu_splitwise import render_section
+
+        lines += render_section(result["splitwise"])
+    return "\n".join(lines + [""])
 
 
 NOTES = """## What the errors say
@@ -273,8 +281,20 @@ REQUIRED = (RUNS_SUMMARY, "overhead_steps.csv")
 """Files of the agullo-dt slice the validation reads."""
 
 
+def _splitwise(root: Path | None) -> dict:
+    """Section 4: the vidur-fitted A100-80GB and H100-SXM profiles on Splitwise's steps."""
+    from calibrate.gpu_splitwise import SPLITWISE_DIR, splitwise_section
+    from calibrate.gpu_vidur_fit import PROFILE_NAMES
+    from sim.cost.profile import load_profile
+
+    coeffs = {gpu: load_profile(PROFILES_DIR / f"{name}.yaml").coefficients
+              for gpu, name in PROFILE_NAMES.items()}
+    return splitwise_section(coeffs, PROFILE_NAMES, root or SPLITWISE_DIR)
+
+
 def validate(root: Path = DATA_DIR, every: int = 4, window_s: float = WINDOW_S,
-             docs_dir: Path = DOCS, profiles_dir: Path = PROFILES_DIR) -> dict:
+             docs_dir: Path = DOCS, profiles_dir: Path = PROFILES_DIR,
+             splitwise_root: Path | None = None) -> dict:
     """Run the three checks on the slice under `root`; write DOCS/validation-gpu.md and .json
     and PROFILES/<profile>.validation.json. DatasetMissingError (one line) if a file is
     missing."""
@@ -292,7 +312,7 @@ def validate(root: Path = DATA_DIR, every: int = 4, window_s: float = WINDOW_S,
         steps=step_rows(coeffs, Path(root)), curve=curve_rows(coeffs, Path(root)),
         runs=dict(every=every, window_s=window_s, num_runs=len(rows),
                   num_available=len(available), summary=summarize_runs(rows), rows=rows),
-        notes=NOTES)
+        notes=NOTES, splitwise=_splitwise(splitwise_root))
     Path(docs_dir).mkdir(parents=True, exist_ok=True)
     (Path(docs_dir) / "validation-gpu.json").write_text(json.dumps(result, indent=1) + "\n",
                                                         encoding="utf-8")

@@ -72,14 +72,44 @@ def gzip_copy(source: Path, target: Path) -> None:
     write_gzip(target.with_name(target.name + ".gz"), source.read_bytes())
 
 
+VIDUR_FIT_MODELS = {  # vidur GPU -> models whose operator profiles the dense fit reads
+    "h100": ("Qwen/Qwen-72B", "codellama/CodeLlama-34b-Instruct-hf", "internlm/internlm-20b",
+             "meta-llama/Llama-2-70b-hf"),
+    "a100": ("Qwen/Qwen-72B", "codellama/CodeLlama-34b-Instruct-hf", "internlm/internlm-20b",
+             "meta-llama/Llama-2-70b-hf", "meta-llama/Meta-Llama-3-8B",
+             "meta-llama/Meta-Llama-3-70B"),
+}
+VIDUR_TOKENS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
+                2048, 3072, 4096)
+"""Token counts kept of the other models' profiles (the whole files are 0.7-1.2 MB each):
+log-spaced over vidur's 1-4,096, every TP degree."""
+
+
+def cut_rows(source: Path, target: Path, keep) -> None:
+    """`source`'s header and the rows `keep(row_dict)` accepts, byte-identical, gzipped."""
+    import csv
+
+    lines = source.read_bytes().splitlines(keepends=True)
+    header = next(csv.reader([lines[0].decode()]))
+    kept = [lines[0]] + [line for line in lines[1:]
+                         if keep(dict(zip(header, next(csv.reader([line.decode()])),
+                                          strict=True)))]
+    write_gzip(target.with_name(target.name + ".gz"), b"".join(kept))
+
+
 def cut_vidur(full: Path, out: Path) -> None:
     """Llama-2-7B's operator profiles on H100 and A100 and the two DGX network profiles,
-    whole, gzipped."""
+    whole, gzipped; the other models of `VIDUR_FIT_MODELS` at the `VIDUR_TOKENS` token counts
+    (every TP degree), gzipped."""
     copy(full / "LICENSE", out / "LICENSE")
     base = "raw/data/profiling"
     for gpu in ("h100", "a100"):
         path = f"{base}/compute/{gpu}/meta-llama/Llama-2-7b-hf/mlp.csv"
         gzip_copy(full / path, out / path)
+        for model in VIDUR_FIT_MODELS[gpu]:
+            path = f"{base}/compute/{gpu}/{model}/mlp.csv"
+            cut_rows(full / path, out / path,
+                     lambda row: int(row["num_tokens"]) in VIDUR_TOKENS)
         for collective in ("all_reduce", "send_recv"):
             path = f"{base}/network/{gpu}_dgx/{collective}.csv"
             gzip_copy(full / path, out / path)

@@ -104,11 +104,10 @@ def create_strategy_costing(
 DEFAULT_PROFILES = {
     "cpu": "cpu-vllm-tiny-llama",
     "H100-64GB": "h100-64gb-vllm085-llama-3.1-8b",
+    "H100-SXM": "h100-sxm-vidur-dense", "A100-80GB": "a100-80gb-vidur-dense",  # gpu_vidur_fit.py
     # Derived from the H100-64GB fit (calibrate/gpu_scaled.py): "scaled from H100 measurements".
-    "H100-SXM": "h100-sxm-scaled-from-h100-64gb",
     "H200": "h200-scaled-from-h100-64gb",
     "H20": "h20-scaled-from-h100-64gb",
-    "A100-80GB": "a100-80gb-scaled-from-h100-64gb",
 }
 """GPU kind -> shipped profile used when a scenario names none."""
 

@@ -60,9 +60,9 @@ def test_unnamed_profile_on_cpu_uses_the_shipped_default_and_says_so(tmp_path):
 
 
 def test_gpus_without_measurements_say_scaled_from_h100(tmp_path):
-    scenario = load_scenario(scenario_file(tmp_path, gpu="H100-SXM"))
+    scenario = load_scenario(scenario_file(tmp_path, gpu="H200"))
     source = resolve_pricing(scenario)
-    assert source.is_default and source.profile.hardware.gpu == "H100-SXM"
+    assert source.is_default and source.profile.hardware.gpu == "H200"
     assert "scaled from H100 measurements" in pricing_sources(scenario)["multi_lora"]
 
 
