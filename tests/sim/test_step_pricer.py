@@ -133,9 +133,12 @@ def _plain_step(chunks: list[tuple[int, int]], num_decodes: int, **fields) -> St
     (_plain_step([(4000, 5)], 601), _plain_step([(2000, 5), (2001, 5)], 600)),
     # the same tokens and items, over all layers or the first 12 only
     (_plain_step([(300, 5)], 1), _plain_step([(300, 5)], 1, last_layer=12)),
+    # the same items and sampled rows, 4000 tokens with one decode or 4004 with two (a key
+    # mixing tokens and decodes as (tokens + 1) ^ decodes gives both 4000)
+    (_plain_step([(3000, 0), (999, 5)], 1), _plain_step([(4002, 5)], 2)),
     # the same tokens and items over the first 12 layers or the first 20
     (_plain_step([(300, 5)], 1, last_layer=20), _plain_step([(300, 5)], 1, last_layer=12)),
-], ids=("sampling", "samples", "all layers or some", "other layers"))
+], ids=("sampling", "samples", "tokens", "all layers or some", "other layers"))
 def test_steps_that_differ_in_one_count_are_priced_apart(pair):
     fast, reference = _pricers()
     for plan in pair:
@@ -171,7 +174,9 @@ def test_each_item_of_a_mixed_step_is_in_the_batch_as_what_it_computes():
 @pytest.mark.parametrize("adv", (1, 4))
 def test_a_decode_run_costs_the_sum_of_its_steps(adv):
     fast, reference = _pricers(adv=adv)
-    decodes = [_seq(i, i % 3 - 1, 100 + 900 * i) for i in range(4)]
+    # The last context reaches 4961 + 40 = 5001 at adv 1: past the table's first 4096 entries,
+    # at an odd index (a table one entry short would end at 5000).
+    decodes = [_seq(i, i % 3 - 1, 100 + 900 * i) for i in range(4)] + [_seq(4, 1, 4961)]
     contexts = np.array([s.num_computed_tokens for s in decodes], np.int64)
     num_steps = 40
     run = fast.decode_run(StepPlan(decodes=decodes), num_steps)
