@@ -155,10 +155,13 @@ class DecodeGroup:
 
     def add_blocks(self, needs: list[tuple[Sequence, int]]) -> None:
         """Extend each member's blocks by its (unallocated) need and re-arm its heap entry."""
-        for seq, need in needs:
+        heap, info, bs = self._block_heap, self._info, self.block_size
+        for seq, need in needs:  # `_push_block_tick` inlined: a few per member per step
             if need > 0:
                 seq.num_blocks += need
-            self._push_block_tick(seq, self._info[seq])
+            member = info[seq]
+            heappush(heap, (seq.num_blocks * bs - seq.num_prompt_tokens + 2 + member.base,
+                            member.order, member.token, seq))
 
     def advance(self, num_tokens: int) -> tuple[int, list[Sequence]]:
         """Every member decodes `num_tokens` more (capped at its outputs): extend the blocks of
@@ -173,19 +176,24 @@ class DecodeGroup:
             self._block_heap = []
         else:
             due = self._pop_due(self._block_heap, tick)
-        added = 0
-        for seq in due:
+        added, entries = 0, []
+        for seq in due:  # `_generated` and `_block_entry` inlined: every member of a long run
             member = info[seq]
-            computed = seq.num_prompt_tokens - 1 + self._generated(seq, member, tick)
-            need = -(-computed // bs) - seq.num_blocks
+            prompt, blocks = seq.num_prompt_tokens, seq.num_blocks
+            need = -(-(prompt - 1 + min(seq.num_output_tokens, tick - member.base)) // bs) \
+                - blocks
             if need > 0:
                 added += need
-                seq.num_blocks += need
-            if due is not self.members:
-                self._push_block_tick(seq, member)
+                blocks = seq.num_blocks = blocks + need
+            entries.append((blocks * bs - prompt + 2 + member.base, member.order, member.token,
+                            seq))
         if due is self.members:
-            self._block_heap = [self._block_entry(seq, info[seq]) for seq in due]
-            heapify(self._block_heap)
+            self._block_heap = entries
+            heapify(entries)
+        else:
+            heap = self._block_heap
+            for entry in entries:
+                heappush(heap, entry)
         finished = self._pop_due(self._finish_heap, tick)
         finished.sort(key=lambda s: info[s].order)
         return added, finished
