@@ -25,9 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from planner.jobs.strategy_points import plan_point, scenario_tasks
+from planner.jobs.strategy_points import point_function, scenario_tasks
 from planner.jobs.sweep import run_sweep
-from planner.scenario.loading import load_scenario
+from planner.scenario.loading import load_resolved
 from sim.io.points import PointStore, run_points
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,11 +48,11 @@ def _measured(fn) -> dict:
 
 
 def _capacity_plan(backend: str, workers: int) -> None:
-    scenario = load_scenario(ROOT / "scenarios" / "default.yaml")
-    tasks = scenario_tasks(scenario, "plan")
+    resolved = load_resolved(ROOT / "scenarios" / "default.yaml")
+    tasks = scenario_tasks(resolved, "plan")
     with tempfile.TemporaryDirectory() as tmp:
-        records = run_points(tasks, plan_point, PointStore(Path(tmp)), backend=backend,
-                             num_workers=workers)
+        records = run_points(tasks, point_function(resolved), PointStore(Path(tmp)),
+                             backend=backend, num_workers=workers)
     failed = [k for k, r in records.items() if r["status"] != "ok"]
     assert not failed, [records[k]["error"] for k in failed]
 

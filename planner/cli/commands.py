@@ -154,18 +154,18 @@ def _print_plan(result) -> None:
                 f"{row['cost_per_hour_usd']:8.2f} USD/h  "
                 f"{row['cost_per_million_tokens_usd']:8.3f} USD/M tokens")
             console.print("      " + plan_row_text(
-                row, pricing_errors(result.scenario, row["gpu"]), confidence))
+                row, pricing_errors(result.resolved, row["gpu"]), confidence))
         else:
             console.print(f"  {row['strategy']:<22} infeasible: {row.get('reason')}")
     for key, message in result.errors.items():
         errors.print(f"point {key} failed: {message}", markup=False)
     from planner.scenario.accuracy_notes import accuracy_notes
-    from planner.scenario.pricing import gpu_pricing_source
+    from planner.scenario.resolved import gpu_pricing_source
 
     # One line per GPU kind the plans chose (all strategies share a GPU kind's pricing).
     chosen = [row["gpu"] for row in result.plans.to_dict("records") if row.get("is_feasible")]
     for gpu in dict.fromkeys(chosen or [result.scenario.hardware.gpu_spec.name]):
-        console.print(f"  {gpu} priced by {gpu_pricing_source(result.scenario, gpu)}",
+        console.print(f"  {gpu} priced by {gpu_pricing_source(result.resolved, gpu)}",
                       markup=False)
     for label, note in accuracy_notes(result.scenario).items():
         console.print(f"  {label} {note}", markup=False)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing
 from collections.abc import Callable
@@ -23,6 +24,7 @@ import pandas as pd
 from planner.jobs.strategy_points import plan_point, scenario_tasks, simulate_point
 from planner.outputs.interval_columns import plan_intervals, summary_intervals
 from planner.outputs.plan_table import interval_phrase
+from planner.scenario.resolved import ResolvedScenario, as_resolved
 from planner.scenario.schema import Scenario
 from planner.scenario.workloads import ConversationWorkload, PunicaWorkload
 from planner.search.slo import slo_violations
@@ -56,8 +58,10 @@ def select_strategies(scenario: Scenario, labels: list[str]) -> Scenario:
     return scenario.model_copy(update=dict(strategies=kept))
 
 
-def points_dir(scenario: Scenario, out_root: str | Path) -> Path:
+def points_dir(scenario: Scenario | ResolvedScenario, out_root: str | Path) -> Path:
     """Where `molcap run` keeps the scenario's finished points."""
+    if isinstance(scenario, ResolvedScenario):
+        scenario = scenario.scenario
     return Path(out_root) / file_name(scenario.name) / "points"
 
 
@@ -91,14 +95,16 @@ def sim_tables(records: dict[str, dict]) -> SimTables:
                                                "strategy"]), errors)
 
 
-def simulate_scenario(scenario: Scenario, out_root: str | Path,
+def simulate_scenario(scenario: Scenario | ResolvedScenario, out_root: str | Path,
                       on_progress: Callable[[int, int], None] | None = None,
                       num_workers: int = 1) -> SimTables:
     """Simulate every strategy on the scenario's hardware (finished points are reused), on
     `num_workers` local processes (1: in this process)."""
-    tasks = scenario_tasks(scenario, "sim")
+    resolved = as_resolved(scenario)
+    tasks = scenario_tasks(resolved, "sim")
     backend = "local" if num_workers > 1 and len(tasks) > 1 else "inline"
-    records = run_points(tasks, simulate_point, PointStore(points_dir(scenario, out_root)),
+    records = run_points(tasks, functools.partial(simulate_point, resolved),
+                         PointStore(points_dir(resolved, out_root)),
                          backend=backend, num_workers=num_workers,
                          on_done=progress_counter(len(tasks), on_progress))
     return sim_tables(records)
@@ -152,17 +158,19 @@ def stored_plan(scenario: Scenario, out_root: str | Path) -> PlanTables:
     return _plan_tables(done, num_missing=len(records) - len(done))
 
 
-def plan_scenario(scenario: Scenario, out_root: str | Path,
+def plan_scenario(scenario: Scenario | ResolvedScenario, out_root: str | Path,
                   on_progress: Callable[[int, int], None] | None = None) -> PlanTables:
     """Capacity plan of every strategy, in this process (finished points are reused)."""
-    tasks = scenario_tasks(scenario, "plan")
-    records = run_points(tasks, plan_point, PointStore(points_dir(scenario, out_root)),
+    resolved = as_resolved(scenario)
+    tasks = scenario_tasks(resolved, "plan")
+    records = run_points(tasks, functools.partial(plan_point, resolved),
+                         PointStore(points_dir(resolved, out_root)),
                          backend="inline", on_done=progress_counter(len(tasks), on_progress))
     return _plan_tables(records)
 
 
-def _plan_in_child(scenario_dump: dict, out_root: str) -> None:
-    plan_scenario(Scenario.model_validate(scenario_dump), out_root)
+def _plan_in_child(resolved: ResolvedScenario, out_root: str) -> None:
+    plan_scenario(resolved, out_root)
 
 
 class PlanJob:
@@ -171,12 +179,12 @@ class PlanJob:
 
     def __init__(self, scenario: Scenario, out_root: str | Path):
         self.scenario, self.out_root = scenario, Path(out_root)
+        resolved = as_resolved(scenario)
         self._store = PointStore(points_dir(scenario, out_root))
-        self._keys = [t.key for t in scenario_tasks(scenario, "plan")]
+        self._keys = [t.key for t in scenario_tasks(resolved, "plan")]
         context = multiprocessing.get_context("spawn")  # never fork a threaded server
-        self._process = context.Process(
-            target=_plan_in_child, args=(scenario.model_dump(mode="json"), str(out_root)),
-            daemon=True)
+        self._process = context.Process(target=_plan_in_child, args=(resolved, str(out_root)),
+                                        daemon=True)
         self._process.start()
 
     def progress(self) -> tuple[int, int]:
@@ -279,15 +287,16 @@ def compare_summaries(before: pd.DataFrame, after: pd.DataFrame) -> tuple[pd.Dat
     return stacked, pd.DataFrame(rows)
 
 
-def pricing(scenario: Scenario, base_dir: Path | None = None) -> dict:
-    """Which cost profile priced the scenario (`planner.scenario.pricing.resolve_pricing`): the
+def pricing(scenario: Scenario | ResolvedScenario, base_dir: Path | None = None) -> dict:
+    """Which cost profile priced the scenario (as `planner.scenario.resolved` resolved it): the
     fitted profile's name or None for assumed defaults, how it was derived from another GPU's fit
     ("" when fitted on this GPU), its one-line description, the coefficients
     (one row each) and the profile's fit errors when it has them."""
-    from planner.scenario.pricing import resolve_pricing
     from sim.cost.cost_model import CostCoeffs
 
-    source = resolve_pricing(scenario, base_dir)
+    resolved = as_resolved(scenario, base_dir)
+    scenario = resolved.scenario
+    source = resolved.source(scenario.hardware.gpu_spec.name)
     rows = [dict(coefficient=name, value=getattr(source.coeffs, name),
                  meaning=CostCoeffs.model_fields[name].description or "")
             for name in CostCoeffs.model_fields]

@@ -11,9 +11,8 @@ import pandas as pd
 
 from planner.jobs.strategy_points import (
     all_turns,
-    plan_point,
+    point_function,
     scenario_tasks,
-    simulate_point,
     turns_cut_note,
 )
 from planner.outputs import sim_figures
@@ -30,8 +29,8 @@ from planner.outputs.report import ReportSection, render_html, timestamp, write_
 from planner.predict.analysis import run_comparisons, tidy
 from planner.predict.intervals import DEFAULT_CONFIDENCE, pricing_errors
 from planner.scenario.accuracy_notes import accuracy_notes
-from planner.scenario.loading import load_scenario
-from planner.scenario.pricing import pricing_sources
+from planner.scenario.loading import load_resolved
+from planner.scenario.resolved import ResolvedScenario, pricing_sources
 from planner.scenario.schema import Scenario
 from planner.scenario.workloads import OFFLINE_NOTE, is_offline
 from sim.io.files import file_name, write_atomic
@@ -83,6 +82,8 @@ class RunResult:
     num_points: int
     notes: tuple[str, ...] = ()
     """One line each on what the run did not do and why (an offline scenario is not planned)."""
+    resolved: ResolvedScenario | None = None
+    """The scenario as the run resolved it (what priced its points)."""
 
 
 ACCURACY_NOTE = ("The share of routed turns sent to the right adapter, as the simulation "
@@ -113,9 +114,10 @@ def _accuracy_sections(scenario: Scenario) -> list[ReportSection]:
 
 
 def _plan_sections(plans: pd.DataFrame, trials: pd.DataFrame,
-                   scenario: Scenario) -> list[ReportSection]:
+                   resolved: ResolvedScenario) -> list[ReportSection]:
     if plans.empty:
         return []
+    scenario = resolved.scenario
     confidence = scenario.search.confidence or DEFAULT_CONFIDENCE
     text = ("The cheapest deployment per strategy that serves the workload's arrival rate within "
             "the SLOs: per-replica capacity by bisection on the rate with the simulator, then "
@@ -126,7 +128,7 @@ def _plan_sections(plans: pd.DataFrame, trials: pd.DataFrame,
     if scenario.search.confidence is not None:
         text += (f" Planned at confidence {confidence:.0%}: each latency SLO holds at the "
                  "upper end of its interval.")
-    errors = {gpu: pricing_errors(scenario, gpu) for gpu in plans.get("gpu", pd.Series())
+    errors = {gpu: pricing_errors(resolved, gpu) for gpu in plans.get("gpu", pd.Series())
               .dropna().unique()}
     runner_ups = trials[trials["kind"] == "runner_up"] if not trials.empty else trials
     at_target = trials[trials["kind"] == "trial"] if not trials.empty else trials
@@ -229,13 +231,15 @@ def run_scenario_file(
     interrupted run resumes without recomputing them.
     """
     path = Path(path)
-    scenario = load_scenario(path)
+    resolved = load_resolved(path)  # the one resolution: every point reads it
+    scenario = resolved.scenario
     out_dir = Path(out_root) / file_name(scenario.name)
-    comparisons = run_comparisons(scenario)
+    comparisons = run_comparisons(resolved)
     offline = is_offline(scenario.workload)
     notes = (OFFLINE_NOTE,) if offline else ()
-    tasks = scenario_tasks(scenario, "sim") + ([] if offline else scenario_tasks(scenario, "plan"))
-    records = run_points(tasks, _run_point, PointStore(out_dir / "points"), backend=backend,
+    tasks = scenario_tasks(resolved, "sim") + ([] if offline else scenario_tasks(resolved, "plan"))
+    records = run_points(tasks, point_function(resolved), PointStore(out_dir / "points"),
+                         backend=backend,
                          num_workers=num_workers, ray_address=ray_address,
                          on_done=progress_counter(len(tasks), on_progress))
     frames, errors = _collect(records)
@@ -255,12 +259,12 @@ def run_scenario_file(
         full = pd.concat([all_turns(r) for r in sims], ignore_index=True)
         write_atomic(out_dir / "tables" / "sim_turns.parquet", full.to_parquet(index=False))
     pricing = pd.DataFrame([{"strategy": k, "priced by": v}
-                            for k, v in pricing_sources(scenario, path.parent).items()])
+                            for k, v in pricing_sources(resolved).items()])
     sections = ([ReportSection("Capacity plan" if note == OFFLINE_NOTE else "Turn table", note)
                  for note in notes]
                 + [ReportSection("Cost profile", PRICING_NOTE, [], [pricing])]
                 + _accuracy_sections(scenario)
-                + _plan_sections(frames["plans"], frames["plan_trials"], scenario)
+                + _plan_sections(frames["plans"], frames["plan_trials"], resolved)
                 + _verify_sections(out_dir / "verify" / "verify.json", scenario.name)
                 + _sim_sections(frames["sim_summary"], frames["sim_turns"],
                                 frames["sim_timeseries"], scenario)
@@ -275,8 +279,5 @@ def run_scenario_file(
     report = out_dir / "report.html"
     write_atomic(report, page.encode("utf-8"))
     return RunResult(scenario, report, tables, comparisons, frames["plans"], errors, len(tasks),
-                     notes)
+                     notes, resolved)
 
-
-def _run_point(payload: dict) -> dict:
-    return plan_point(payload) if payload["what"] == "plan" else simulate_point(payload)

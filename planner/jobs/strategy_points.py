@@ -1,12 +1,16 @@
 """Per-strategy work of `molcap run` as resumable points: a capacity plan and a simulation.
 
-Each point function takes a JSON payload (the scenario dump and the strategy index) and returns
-a JSON-able record, so points run in worker processes or on Ray and are stored as they finish.
+Each point function takes the scenario resolved at load (`planner.scenario.resolved`) and a JSON
+payload (the scenario dump, kept in the stored record, and the strategy index), and returns a
+JSON-able record. `point_function` binds the resolved scenario, so points run in worker
+processes or on Ray, which receive it pickled and re-validate nothing, and are stored as they
+finish.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import json
 import math
@@ -15,12 +19,12 @@ from dataclasses import asdict
 import pandas as pd
 
 from planner.predict.simulation import simulate_strategy
-from planner.scenario.input_files import input_files_digest
+from planner.scenario.resolved import ResolvedScenario, as_resolved
 from planner.scenario.schema import Scenario
 from planner.search.slo_search import Plan, Trial
 from planner.search.strategy_plan import plan_strategy
 from sim.io.files import file_name
-from sim.io.points import PointTask, content_digest
+from sim.io.points import PointFn, PointTask, content_digest
 
 MAX_TURN_ROWS = 20_000
 """Turn rows per strategy kept as JSON rows in a stored simulation record and in the CSV and
@@ -65,23 +69,22 @@ def plan_record(label: str, plan: Plan, dropped: list[str]) -> dict:
     )
 
 
-def plan_point(payload: dict) -> dict:
+def plan_point(resolved: ResolvedScenario, payload: dict) -> dict:
     """Point function: capacity plan of one strategy."""
-    scenario = Scenario.model_validate(payload["scenario"])
     index = payload["index"]
-    plan, dropped = plan_strategy(scenario, index)
-    return plan_record(scenario.strategies[index].label, plan, dropped)
+    plan, dropped = plan_strategy(resolved, index)
+    return plan_record(resolved.scenario.strategies[index].label, plan, dropped)
 
 
 def _json_rows(df: pd.DataFrame) -> list[dict]:
     return json.loads(df.to_json(orient="records"))
 
 
-def simulate_point(payload: dict) -> dict:
+def simulate_point(resolved: ResolvedScenario, payload: dict) -> dict:
     """Point function: simulate one strategy on the scenario's own hardware."""
-    scenario = Scenario.model_validate(payload["scenario"])
+    scenario = resolved.scenario
     index = payload["index"]
-    result = simulate_strategy(scenario, index)
+    result = simulate_strategy(resolved, index)
     summary = {k: (None if isinstance(v, float) and math.isnan(v) else v)
                for k, v in result.summary.items()}
     return dict(strategy=scenario.strategies[index].label, summary=summary,
@@ -91,11 +94,24 @@ def simulate_point(payload: dict) -> dict:
                 kv_by_namespace=_json_rows(result.kv_by_namespace), stats=result.stats)
 
 
-def scenario_tasks(scenario: Scenario, what: str) -> list[PointTask]:
+def run_point(resolved: ResolvedScenario, payload: dict) -> dict:
+    """Point function of a `scenario_tasks` task: the plan or the simulation it names."""
+    point = plan_point if payload["what"] == "plan" else simulate_point
+    return point(resolved, payload)
+
+
+def point_function(resolved: ResolvedScenario) -> PointFn:
+    """`run_point` bound to `resolved`: what `run_points` hands each worker (it pickles)."""
+    return functools.partial(run_point, resolved)
+
+
+def scenario_tasks(scenario: Scenario | ResolvedScenario, what: str) -> list[PointTask]:
     """One task per strategy; the key hashes the whole scenario and the content of the files it
-    reads (traces, cost profiles), so an edit of either reruns it."""
+    reads (traces, cost profiles, as resolved), so an edit of either reruns it."""
+    resolved = as_resolved(scenario)
+    scenario = resolved.scenario
     dump = scenario.model_dump(mode="json")
-    digest = content_digest(dump, input_files_digest(scenario))
+    digest = content_digest(dump, resolved.input_digests)
     return [PointTask(f"{what}-{i:02d}-{file_name(st.label)}-{digest}",
                       {"what": what, "scenario": dump, "index": i})
             for i, st in enumerate(scenario.strategies)]

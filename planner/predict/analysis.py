@@ -13,7 +13,8 @@ import math
 
 import pandas as pd
 
-from planner.scenario.pricing import StrategyCosting, create_strategy_costing
+from planner.scenario.pricing import StrategyCosting
+from planner.scenario.resolved import ResolvedScenario, as_resolved, create_strategy_costing
 from planner.scenario.schema import Scenario
 from sim.cost.cost_model import create_step_batch, predict_step
 from sim.cost.memory_model import conversation_kv
@@ -24,8 +25,9 @@ from sim.strategies.strategy import TurnPricing
 GIB = 2**30
 
 
-def _costings(scenario: Scenario) -> list[tuple[object, StrategyCosting]]:
-    return [(st, create_strategy_costing(scenario, i)) for i, st in enumerate(scenario.strategies)]
+def _costings(resolved: ResolvedScenario) -> list[tuple[object, StrategyCosting]]:
+    return [(st, create_strategy_costing(resolved, i))
+            for i, st in enumerate(resolved.scenario.strategies)]
 
 
 def _labels(strategy, costing: StrategyCosting) -> dict:
@@ -116,11 +118,13 @@ def switch_cost_s(scenario: Scenario, strategy, costing: StrategyCosting,
                          kv_switch)
 
 
-def kv_per_conversation(scenario: Scenario) -> pd.DataFrame:
+def kv_per_conversation(scenario: Scenario | ResolvedScenario) -> pd.DataFrame:
     """Comparison 1: KV bytes one conversation holds, by strategy, context and adapters visited."""
+    resolved = as_resolved(scenario)
+    scenario = resolved.scenario
     rows = []
     a = scenario.analysis
-    for strategy, costing in _costings(scenario):
+    for strategy, costing in _costings(resolved):
         temporary = get_strategy(strategy.kind).decision_kv_tokens(strategy, a.num_query_tokens)
         for visited in a.adapters_visited:
             for ctx in a.context_tokens:
@@ -135,10 +139,12 @@ def kv_per_conversation(scenario: Scenario) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def switch_cost(scenario: Scenario) -> pd.DataFrame:
+def switch_cost(scenario: Scenario | ResolvedScenario) -> pd.DataFrame:
     """Comparison 2: seconds of one domain switch vs context length."""
+    resolved = as_resolved(scenario)
+    scenario = resolved.scenario
     rows = []
-    for strategy, costing in _costings(scenario):
+    for strategy, costing in _costings(resolved):
         for ctx in scenario.analysis.context_tokens:
             seconds, mechanism = switch_cost_s(scenario, strategy, costing, ctx)
             rows.append(dict(_labels(strategy, costing), context_tokens=ctx, switch_s=seconds,
@@ -181,12 +187,14 @@ def _direct_turn_s(scenario: Scenario, strategy, costing: StrategyCosting,
                                 is_adapted=get_strategy(strategy.kind).is_decode_adapted)
 
 
-def routing_overhead(scenario: Scenario) -> tuple[pd.DataFrame, pd.DataFrame]:
+def routing_overhead(scenario: Scenario | ResolvedScenario) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Comparison 3: routing share of a turn vs reply length, and vs a decision every k tokens."""
+    resolved = as_resolved(scenario)
+    scenario = resolved.scenario
     a = scenario.analysis
     ctx = a.num_turn_context_tokens
     per_turn, per_k = [], []
-    for strategy, costing in _costings(scenario):
+    for strategy, costing in _costings(resolved):
         decision = decision_time_s(scenario, strategy, costing, ctx)
         base = dict(_labels(strategy, costing), decision_s=decision)
         for tokens in a.decode_tokens_per_turn:
@@ -205,11 +213,13 @@ def routing_overhead(scenario: Scenario) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.DataFrame(per_turn), pd.DataFrame(per_k)
 
 
-def decode_step_vs_adapters(scenario: Scenario) -> pd.DataFrame:
+def decode_step_vs_adapters(scenario: Scenario | ResolvedScenario) -> pd.DataFrame:
     """Comparison 4: one decode step's time vs distinct adapters in the batch, by term."""
+    resolved = as_resolved(scenario)
+    scenario = resolved.scenario
     a = scenario.analysis
     rows = []
-    for strategy, costing in _costings(scenario):
+    for strategy, costing in _costings(resolved):
         has_adapters = costing.profile.adapter_kind != "none"
         for distinct in a.distinct_adapters:
             if distinct > a.decode_batch_size:
@@ -224,11 +234,13 @@ def decode_step_vs_adapters(scenario: Scenario) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def memory_summary(scenario: Scenario) -> pd.DataFrame:
+def memory_summary(scenario: Scenario | ResolvedScenario) -> pd.DataFrame:
     """Per-GPU memory split and KV capacity of one replica, by strategy."""
+    resolved = as_resolved(scenario)
+    scenario = resolved.scenario
     e, hw = scenario.engine, scenario.hardware
     rows = []
-    for strategy, costing in _costings(scenario):
+    for strategy, costing in _costings(resolved):
         mem = e.memory(costing.arch, costing.gpu, hw.tensor_parallel_size,
                        uses_lora=costing.profile.adapter_kind != "none")
         rows.append(dict(_labels(strategy, costing), gpu=costing.gpu.name,
@@ -241,16 +253,17 @@ def memory_summary(scenario: Scenario) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def run_comparisons(scenario: Scenario) -> dict[str, pd.DataFrame]:
+def run_comparisons(scenario: Scenario | ResolvedScenario) -> dict[str, pd.DataFrame]:
     """The memory summary and the four comparisons, by name."""
-    per_turn, per_k = routing_overhead(scenario)
+    resolved = as_resolved(scenario)
+    per_turn, per_k = routing_overhead(resolved)
     return {
-        "memory_summary": memory_summary(scenario),
-        "kv_per_conversation": kv_per_conversation(scenario),
-        "switch_cost": switch_cost(scenario),
+        "memory_summary": memory_summary(resolved),
+        "kv_per_conversation": kv_per_conversation(resolved),
+        "switch_cost": switch_cost(resolved),
         "routing_vs_reply_length": per_turn,
         "routing_vs_decision_frequency": per_k,
-        "decode_step_vs_adapters": decode_step_vs_adapters(scenario),
+        "decode_step_vs_adapters": decode_step_vs_adapters(resolved),
     }
 
 
@@ -268,13 +281,15 @@ def tidy(comparisons: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return out[first + [c for c in out.columns if c not in first]]
 
 
-def strategy_summary(scenario: Scenario) -> pd.DataFrame:
+def strategy_summary(scenario: Scenario | ResolvedScenario) -> pd.DataFrame:
     """One row per strategy at the analysis turn: decision, switch, decode step, KV, capacity."""
+    resolved = as_resolved(scenario)
+    scenario = resolved.scenario
     a, e = scenario.analysis, scenario.engine
     ctx = a.num_turn_context_tokens
-    memory = memory_summary(scenario).set_index("strategy")
+    memory = memory_summary(resolved).set_index("strategy")
     rows = []
-    for strategy, costing in _costings(scenario):
+    for strategy, costing in _costings(resolved):
         switch, mechanism = switch_cost_s(scenario, strategy, costing, ctx)
         visited = max(1, _num_options(strategy))
         kv = conversation_kv(costing.arch, costing.kv_layout, ctx, visited, e.block_size)

@@ -136,13 +136,15 @@ def format_interval(metric: str, interval: Interval, note: bool = True) -> str:
 
 
 def pricing_errors(scenario, gpu_name: str, base_dir: Path | None = None) -> ProfileErrors | None:
-    """The measured errors of the profile that prices `gpu_name` in `scenario` (its named
-    profile on its own GPU kind, else the kind's shipped profile), None where assumed
-    coefficients price it or the profile has no validation."""
-    from planner.scenario.pricing import DEFAULT_PROFILES, profile_path, resolve_pricing
+    """The measured errors of the profile that prices `gpu_name` in `scenario` (a Scenario or
+    its resolution: its named profile on its own GPU kind, else the kind's shipped profile),
+    None where assumed coefficients price it or the profile has no validation."""
+    from planner.scenario.pricing import DEFAULT_PROFILES, profile_path
+    from planner.scenario.resolved import as_resolved
 
-    if gpu_name == scenario.hardware.gpu_spec.name:
-        return load_profile_errors(resolve_pricing(scenario, base_dir).path)
+    resolved = as_resolved(scenario, base_dir)
+    if gpu_name in resolved.pricing:
+        return load_profile_errors(resolved.pricing[gpu_name].path)
     default = DEFAULT_PROFILES.get(gpu_name)
     return load_profile_errors(profile_path(default)) if default else None
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.scenario.pricing import adapter_pricing, resolve_pricing
+from planner.scenario.resolved import ResolvedScenario, ResolvedStrategy, as_resolved
 from planner.scenario.schema import Scenario
 from planner.scenario.workloads import (
     ConversationWorkload,
@@ -29,11 +29,8 @@ from sim.config import (
     SimConfig,
     StrategySpec,
 )
-from sim.cost.memory_model import LORA_DTYPE_BYTES
-from sim.cost.model_shapes import lora_weights_per_rank
-from sim.hardware.specs import ModelArch
 from sim.simulate import SimResult, simulate
-from sim.strategies.registry import get_strategy, kv_layout
+from sim.strategies.registry import get_strategy
 from sim.workload.generate import (
     Workload,
     conversation_workload,
@@ -50,33 +47,29 @@ from sim.workload.traces import (
 )
 
 
-def _adapter_numbers(strategy, arch: ModelArch, tp: int, max_lora_rank: int) -> dict:
-    """Adapter pricing (`adapter_pricing`), per-GPU load bytes and the KV layout."""
+def _adapter_fields(strategy, resolved: ResolvedStrategy, tp: int) -> dict:
+    """The resolved adapter pricing and KV layout, each adapter's load bytes per GPU of `tp`."""
     adapters = getattr(strategy, "adapters", ())
-    pricing = adapter_pricing(strategy, arch, max_lora_rank)
-    layout = kv_layout(arch, strategy.kind, [list(p) for p in pricing.each])
+    pricing = resolved.adapters
     if pricing.kind == "none":
-        return dict(adapter_kind="none", kv_layout=layout,
+        return dict(adapter_kind="none", kv_layout=resolved.kv_layout,
                     adapters=tuple(AdapterSpec(name=a.name, num_bytes_per_gpu=0.0)
                                    for a in adapters))
-    specs = []
-    for a, pairs in zip(adapters, pricing.each, strict=True):
-        # The bytes loaded are the adapter's own, at its own rank.
-        per_rank = (2 * arch.hidden_size * len({layer for layer, _ in pairs})
-                    if pricing.kind == "direft" else lora_weights_per_rank(arch, list(pairs)))
-        specs.append(AdapterSpec(name=a.name,
-                                 num_bytes_per_gpu=a.rank * per_rank * LORA_DTYPE_BYTES / tp))
-    return dict(adapter_kind=pricing.kind, adapters=tuple(specs), adapter_rank=pricing.rank,
-                adapter_placements=pricing.placements, kv_layout=layout)
+    specs = tuple(AdapterSpec(name=a.name, num_bytes_per_gpu=load / tp)
+                  for a, load in zip(adapters, resolved.adapter_load_bytes, strict=True))
+    return dict(adapter_kind=pricing.kind, adapters=specs, adapter_rank=pricing.rank,
+                adapter_placements=pricing.placements, kv_layout=resolved.kv_layout)
 
 
-def strategy_spec(scenario: Scenario, index: int) -> StrategySpec:
+def strategy_spec(scenario: Scenario | ResolvedScenario, index: int) -> StrategySpec:
     """The sim-level description of strategy `index`."""
+    resolved = as_resolved(scenario)
+    scenario = resolved.scenario
     st = scenario.strategies[index]
-    arch = scenario.strategy_arch(index)
+    arch = resolved.strategies[index].arch
     fields = dict(kind=st.kind, label=st.label, output_length_scale=st.output_length_scale,
-                  **_adapter_numbers(st, arch, scenario.hardware.tensor_parallel_size,
-                                     scenario.engine.max_lora_rank))
+                  **_adapter_fields(st, resolved.strategies[index],
+                                    scenario.hardware.tensor_parallel_size))
     fields.update(st.sim_fields([a.name for a in getattr(st, "adapters", ())]))
     if fields["kv_layout"] == "shared":
         fields["replay_window_tokens"] = (getattr(st, "replay_window_tokens", None)
@@ -164,13 +157,15 @@ def num_router_replicas(scenario: Scenario, index: int) -> int:
 
 
 def create_sim_config(
-    scenario: Scenario, strategy_index: int, *, num_replicas: int | None = None,
-    router: RouterPolicy | None = None, mode: str = "fast", seed: int | None = None,
-    scenario_dir: Path | None = None, bounds: SimBounds | None = None,
+    scenario: Scenario | ResolvedScenario, strategy_index: int, *,
+    num_replicas: int | None = None, router: RouterPolicy | None = None, mode: str = "fast",
+    seed: int | None = None, scenario_dir: Path | None = None, bounds: SimBounds | None = None,
 ) -> SimConfig:
     """The simulator's config of strategy `strategy_index` (replicas, router and bounds default
     to the scenario's; a strategy with a model per domain gets at least one replica each)."""
-    strategy = strategy_spec(scenario, strategy_index)
+    resolved = as_resolved(scenario, scenario_dir)
+    scenario = resolved.scenario
+    strategy = strategy_spec(resolved, strategy_index)
     hw, e = scenario.hardware, scenario.engine
     replicas = max(num_replicas or hw.num_replicas,
                    get_strategy(strategy.kind).num_replica_groups(strategy))
@@ -181,9 +176,9 @@ def create_sim_config(
             num_prefill_workers=d.num_prefill_workers, num_decode_workers=d.num_decode_workers,
             kv_transfer_bandwidth_bytes_per_s=d.kv_transfer_bandwidth_bytes_per_s)
     return SimConfig(
-        arch=scenario.strategy_arch(strategy_index), gpu=hw.gpu_spec,
+        arch=resolved.strategies[strategy_index].arch, gpu=hw.gpu_spec,
         tensor_parallel_size=hw.tensor_parallel_size, engine=engine_limits(scenario),
-        strategy=strategy, coeffs=resolve_pricing(scenario, scenario_dir).coeffs,
+        strategy=strategy, coeffs=resolved.coeffs(hw.gpu_spec.name),
         cluster=ClusterSpec(num_replicas=replicas, router=router or hw.router,
                             disaggregation=disagg,
                             num_router_replicas=num_router_replicas(scenario, strategy_index)),
@@ -192,16 +187,18 @@ def create_sim_config(
 
 
 def simulate_strategy(
-    scenario: Scenario, strategy_index: int, *, num_replicas: int | None = None,
-    router: RouterPolicy | None = None, mode: str = "fast", seed: int | None = None,
-    workload: Workload | None = None, scenario_dir: Path | None = None,
-    bounds: SimBounds | None = None, timeseries_interval_s: float = 1.0,
+    scenario: Scenario | ResolvedScenario, strategy_index: int, *,
+    num_replicas: int | None = None, router: RouterPolicy | None = None, mode: str = "fast",
+    seed: int | None = None, workload: Workload | None = None,
+    scenario_dir: Path | None = None, bounds: SimBounds | None = None,
+    timeseries_interval_s: float = 1.0,
 ) -> SimResult:
     """Simulate strategy `strategy_index` of `scenario` (see `create_sim_config`). Pass
     `workload` to reuse one across strategies."""
-    config = create_sim_config(scenario, strategy_index, num_replicas=num_replicas,
-                               router=router, mode=mode, seed=seed, scenario_dir=scenario_dir,
-                               bounds=bounds)
+    resolved = as_resolved(scenario, scenario_dir)
+    config = create_sim_config(resolved, strategy_index, num_replicas=num_replicas,
+                               router=router, mode=mode, seed=seed, bounds=bounds)
+    scenario = resolved.scenario
     if workload is None:
         workload = create_workload(scenario, config.strategy.num_domains,
                                    np.random.default_rng(config.seed), scenario_dir)

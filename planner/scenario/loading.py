@@ -10,7 +10,8 @@ from pathlib import Path
 
 from planner.scenario.card_values import RouterCardProblem, apply_router_cards
 from planner.scenario.checks import trace_problems
-from planner.scenario.pricing import anchor_profile, check_named_profile
+from planner.scenario.pricing import anchor_profile, located_profile_error
+from planner.scenario.resolved import ResolvedScenario, resolve_scenario
 from planner.scenario.schema import Scenario
 from planner.scenario.workloads import TraceWorkload
 from sim.io.yaml_input import (
@@ -45,15 +46,27 @@ def scenario_from_text(text: str, source: str = "<string>",
 
 def scenario_from_file_text(text: str, source: str, folder: str | Path) -> Scenario:
     """Validate the text of a scenario file that lives in `folder`: relative paths resolve
-    against it, and the files it names (the trace) are opened and checked as a run would."""
+    against it, and the files it names (the trace, the profile) are opened and checked as a
+    run would."""
+    return resolved_from_file_text(text, source, folder).scenario
+
+
+def resolved_from_file_text(text: str, source: str, folder: str | Path) -> ResolvedScenario:
+    """`scenario_from_file_text`, resolved (`planner.scenario.resolved`): the one place a
+    loaded scenario's pricing, adapter numbers and input files are fixed."""
     scenario, index = _validated(text, source, folder)
     scenario = anchor_paths(scenario, folder)
     if isinstance(scenario.workload, TraceWorkload):
         problems = trace_problems(scenario, source, index.line_of(("workload", "path")))
         if problems:
             raise ScenarioError(problems)
-    check_named_profile(scenario, text, source, Path(folder))
-    return anchor_profile(scenario, Path(folder))
+    scenario = anchor_profile(scenario, Path(folder))
+    try:
+        return resolve_scenario(scenario, Path(folder), strict=True)
+    except ScenarioError as err:
+        if scenario.hardware.profile is None:
+            raise
+        raise located_profile_error(err, text, source) from None
 
 
 def anchor_paths(scenario: Scenario, folder: str | Path) -> Scenario:
@@ -77,5 +90,10 @@ def anchor_paths(scenario: Scenario, folder: str | Path) -> Scenario:
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file; its relative paths resolve against its folder."""
+    return load_resolved(path).scenario
+
+
+def load_resolved(path: str | Path) -> ResolvedScenario:
+    """Read, validate and resolve a scenario file (what `molcap run` hands its workers)."""
     path = Path(path)
-    return scenario_from_file_text(read_text_file(path), str(path), path.parent)
+    return resolved_from_file_text(read_text_file(path), str(path), path.parent)

@@ -4,7 +4,8 @@ the coefficients that price it (a fitted profile file, or the assumed defaults).
 Fitted profiles live in `calibrate/profiles/<name>.yaml` (written by `molcap calibrate fit`).
 A scenario names one in `hardware.profile`; without one, a GPU kind with a shipped profile
 (`DEFAULT_PROFILES`) uses it and every other kind the assumed `sim.cost.cost_model` defaults.
-`pricing_sources(scenario)` says which priced each strategy (the report and dashboard show it).
+`planner.scenario.resolved` calls `resolve_pricing` once per scenario, at load; everything else
+reads the resolved object.
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ from typing import Literal
 
 from planner.scenario.schema import Scenario
 from sim.cost.cost_model import CostCoeffs, default_coeffs
-from sim.cost.layer_costs import LayerCosts, create_layer_costs
+from sim.cost.layer_costs import LayerCosts
 from sim.cost.profile import PROFILES_DIR, CalibrationProfile, load_profile, profile_path
-from sim.hardware.catalogue import GPUS
 from sim.hardware.specs import GpuSpec, ModelArch
 from sim.io.yaml_input import ScenarioError, parse_yaml
 from sim.strategies.placement import KvLayout, adapter_placements
-from sim.strategies.registry import get_strategy, kv_layout
+from sim.strategies.registry import get_strategy
 
 
 @dataclass(frozen=True)
@@ -74,31 +74,6 @@ def adapter_pricing(strategy, arch: ModelArch, max_lora_rank: int) -> AdapterPri
     if kind == "direft":
         return AdapterPricing("direft", max(a.rank for a in adapters), placements, each)
     return AdapterPricing("lora", max_lora_rank, placements, each)
-
-
-def create_strategy_costing(
-    scenario: Scenario, index: int, *, gpu: GpuSpec | None = None,
-    tensor_parallel_size: int | None = None, coeffs: CostCoeffs | None = None,
-) -> StrategyCosting:
-    """Cost profile of strategy `index`, its adapters priced by `adapter_pricing`."""
-    strategy = scenario.strategies[index]
-    arch = scenario.strategy_arch(index)
-    gpu = gpu or scenario.hardware.gpu_spec
-    tp = tensor_parallel_size or scenario.hardware.tensor_parallel_size
-    adapters = adapter_pricing(strategy, arch, scenario.engine.max_lora_rank)
-    profile = create_layer_costs(
-        arch, gpu, tp, adapter_kind=adapters.kind, adapter_rank=adapters.rank,
-        adapter_placements=list(adapters.placements),
-        num_head_params=getattr(strategy, "num_head_params", 0),
-        max_loras=scenario.engine.max_loras if adapters.kind == "lora" else 0,
-        lora_kernels_run_unadapted=get_strategy(strategy.kind).is_decode_adapted,
-    )
-    window = getattr(strategy, "replay_window_tokens", None) or profile.window_tokens
-    if coeffs is None:
-        coeffs = (resolve_pricing(scenario).coeffs if gpu.name == scenario.hardware.gpu_spec.name
-                  else _gpu_default(gpu).coeffs)
-    return StrategyCosting(strategy.label, strategy.kind, arch, gpu, tp, profile, coeffs, window,
-                           kv_layout(arch, strategy.kind, [list(p) for p in adapters.each]))
 
 
 DEFAULT_PROFILES = {
@@ -156,7 +131,9 @@ def profile_mismatches(profile: CalibrationProfile, scenario: Scenario) -> list[
     return out
 
 
-def _gpu_default(gpu) -> PricingSource:
+def gpu_default_pricing(gpu: GpuSpec) -> PricingSource:
+    """What prices a GPU kind when the scenario names no profile for it: its shipped profile,
+    else the assumed coefficients."""
     default = DEFAULT_PROFILES.get(gpu.name)
     if default is None or not profile_path(default).exists():
         return PricingSource(default_coeffs(gpu), None, None, True)
@@ -174,11 +151,11 @@ def resolve_pricing(scenario: Scenario, base_dir: Path | None = None, *,
     gpu = scenario.hardware.gpu_spec
     ref = scenario.hardware.profile
     if ref is None:
-        return _gpu_default(gpu)
+        return gpu_default_pricing(gpu)
     path = profile_path(ref, base_dir)
     profile = load_profile(path)
     if not strict and profile.hardware.gpu != gpu.name:
-        return _gpu_default(gpu)
+        return gpu_default_pricing(gpu)
     problems = profile_mismatches(profile, scenario)
     if problems:
         raise ScenarioError([f"hardware.profile: {p}; allowed: a profile measured on the "
@@ -187,33 +164,13 @@ def resolve_pricing(scenario: Scenario, base_dir: Path | None = None, *,
     return PricingSource(profile.coefficients, profile, path, False)
 
 
-def pricing_sources(scenario: Scenario, base_dir: Path | None = None) -> dict[str, str]:
-    """Strategy label -> the line saying which profile (or assumed default) prices it."""
-    source = resolve_pricing(scenario, base_dir).describe()
-    return {strategy.label: source for strategy in scenario.strategies}
-
-
-def gpu_pricing_source(scenario: Scenario, gpu_name: str, base_dir: Path | None = None) -> str:
-    """The line saying which profile prices deployments on `gpu_name`: the scenario's own GPU
-    as `resolve_pricing` says, another catalogue GPU by its shipped default."""
-    if gpu_name == scenario.hardware.gpu_spec.name or gpu_name not in GPUS:
-        return resolve_pricing(scenario, base_dir).describe()
-    return _gpu_default(GPUS[gpu_name]).describe()
-
-
-def check_named_profile(scenario: Scenario, text: str, source: str, base_dir: Path) -> None:
-    """Located errors when the scenario's `hardware.profile` is unreadable, invalid, or for
-    another model, GPU or engine version (`load_scenario` calls this)."""
-    if scenario.hardware.profile is None:
-        return
-    try:
-        resolve_pricing(scenario, base_dir, strict=True)
-    except ScenarioError as err:
-        line = parse_yaml(text, source)[1].line_of(("hardware", "profile"))
-        where = f"{source}:{line}: "
-        raise ScenarioError([where + (m if m.startswith("hardware.profile:")
-                                      else f"hardware.profile: {m}")
-                             for m in err.messages]) from None
+def located_profile_error(err: ScenarioError, text: str, source: str) -> ScenarioError:
+    """`err`, raised resolving a scenario's named `hardware.profile` (unreadable, invalid, or
+    for another model, GPU or engine version), with each message located at that field."""
+    line = parse_yaml(text, source)[1].line_of(("hardware", "profile"))
+    where = f"{source}:{line}: "
+    return ScenarioError([where + (m if m.startswith("hardware.profile:")
+                                   else f"hardware.profile: {m}") for m in err.messages])
 
 
 def anchor_profile(scenario: Scenario, folder: Path) -> Scenario:

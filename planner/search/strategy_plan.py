@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner.predict.simulation import create_workload, num_router_replicas, simulate_strategy
-from planner.scenario.pricing import create_strategy_costing
+from planner.scenario.resolved import ResolvedScenario, as_resolved, create_strategy_costing
 from planner.scenario.schema import Scenario
 from planner.scenario.workloads import ConversationWorkload, PunicaWorkload
 from planner.search.slo_search import Deployment, Plan, SearchSpace, search
@@ -126,12 +126,14 @@ def fitting_candidates(scenario: Scenario, index: int,
     return kept, dropped
 
 
-def replica_rate_bound(scenario: Scenario, index: int, d: Deployment,
+def replica_rate_bound(scenario: Scenario | ResolvedScenario, index: int, d: Deployment,
                        shape: WorkloadShape) -> float:
     """Analytical upper bound on arrivals/s one replica serves: decode- or prefill-bound."""
+    resolved = as_resolved(scenario)
+    scenario = resolved.scenario
     # Priced on the candidate's own engine limits: vLLM's LoRA kernel grid spans its
     # max_loras + 1 slots, so a candidate with fewer slots than the scenario's is cheaper.
-    costing = create_strategy_costing(with_deployment(scenario, d), index,
+    costing = create_strategy_costing(resolved.at(with_deployment(scenario, d)), index,
                                       gpu=gpu_specs(scenario)[d.gpu],
                                       tensor_parallel_size=d.tensor_parallel_size)
     c, p = costing.coeffs, costing.profile
@@ -147,7 +149,7 @@ def replica_rate_bound(scenario: Scenario, index: int, d: Deployment,
     return turns_per_s / shape.turns_per_arrival
 
 
-def smallest_rate_bound(scenario: Scenario, index: int, d: Deployment,
+def smallest_rate_bound(scenario: Scenario | ResolvedScenario, index: int, d: Deployment,
                         shape: WorkloadShape) -> float:
     """Analytical bound on what the smallest deployment of `d` serves: one replica per model,
     the one with the largest share of the traffic saturating first (one replica's bound when a
@@ -166,14 +168,18 @@ def gpu_prices(scenario: Scenario) -> dict[str, float]:
             for name, gpu in gpu_specs(scenario).items()}
 
 
-def plan_strategy(scenario: Scenario, index: int) -> tuple[Plan, list[str]]:
-    """Capacity plan of strategy `index` with the simulator as `evaluate`; also the pruned."""
+def plan_strategy(scenario: Scenario | ResolvedScenario,
+                  index: int) -> tuple[Plan, list[str]]:
+    """Capacity plan of strategy `index` with the simulator as `evaluate`; also the pruned.
+    Every trial reads the one resolution of the scenario (its pricing per GPU kind)."""
+    resolved = as_resolved(scenario)
+    scenario = resolved.scenario
     shape = workload_shape(scenario)
     if not math.isfinite(shape.rate_per_s):
         raise ValueError("workload: the capacity search needs an arrival rate "
                          "(workload.arrival_rate_per_s); all requests arrive at once")
     candidates, dropped = fitting_candidates(scenario, index, shape)
-    bounds = {d: BOUND_SLACK * smallest_rate_bound(scenario, index, d, shape)
+    bounds = {d: BOUND_SLACK * smallest_rate_bound(resolved, index, d, shape)
               for d in candidates}
     s = scenario.search
     space = SearchSpace(tuple(candidates), shape.rate_per_s, gpu_prices(scenario),
@@ -186,23 +192,25 @@ def plan_strategy(scenario: Scenario, index: int) -> tuple[Plan, list[str]]:
         if (d, rate, seed) not in done:
             point = with_rate(with_deployment(scenario, d), rate, shape)
             done[(d, rate, seed)] = simulate_strategy(
-                point, index, seed=scenario.seed + seed, num_replicas=d.num_replicas).summary
+                resolved.at(point), index, seed=scenario.seed + seed,
+                num_replicas=d.num_replicas).summary
         return done[(d, rate, seed)]
 
     if s.confidence is None:
         return search(space, evaluate, scenario.slo), dropped
-    sure = replace(space, slo_values=confident_slo_values(scenario, s.confidence))
+    sure = replace(space, slo_values=confident_slo_values(resolved, s.confidence))
     plan, point = search(sure, evaluate, scenario.slo), search(space, evaluate, scenario.slo)
     gpus = point.chosen.deployment.num_gpus if point.chosen else None
     return replace(plan, point_estimate_num_gpus=gpus), dropped
 
 
-def confident_slo_values(scenario: Scenario, confidence: float):
+def confident_slo_values(scenario: Scenario | ResolvedScenario, confidence: float):
     """The search's `slo_values` at `confidence`: each latency's upper end, widened by the
     measured error of the profile that prices the deployment's GPU kind."""
     from planner.predict.intervals import pricing_errors, slo_values
 
-    errors = {gpu: pricing_errors(scenario, gpu) for gpu in gpu_specs(scenario)}
+    resolved = as_resolved(scenario)
+    errors = {gpu: pricing_errors(resolved, gpu) for gpu in resolved.pricing}
 
     def values(d: Deployment, mean, low, high):
         return slo_values(mean, low, high, errors[d.gpu], confidence)

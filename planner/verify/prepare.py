@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from planner.scenario.resolved import ResolvedScenario, as_resolved, create_strategy_costing
 from planner.scenario.schema import Scenario
 from planner.scenario.workloads import ConversationWorkload, PunicaWorkload
 from planner.search.slo_search import Deployment
@@ -210,34 +211,34 @@ def adapter_specs(scenario: Scenario, index: int) -> tuple[str, list[dict]]:
                   for a in strategy.adapters]
 
 
-def router_spec(scenario: Scenario, index: int) -> dict | None:
+def router_spec(scenario: Scenario | ResolvedScenario, index: int) -> dict | None:
     """What the engine's router is built with (None: not routed in the engine): the layer it
     reads, the head size the plan priced, and the simulator's analytical seconds of one
     decision (the pointer head inside the answer's prefill step)."""
+    resolved = as_resolved(scenario)
+    scenario = resolved.scenario
     if not is_routed_in_engine(scenario, index):
         return None
     from planner.predict.simulation import strategy_spec
-    from planner.scenario.pricing import create_strategy_costing
     from sim.strategies.strategy import TurnPricing
 
-    strategy, arch = scenario.strategies[index], scenario.strategy_arch(index)
-    costing = create_strategy_costing(scenario, index)
+    strategy, arch = scenario.strategies[index], resolved.strategies[index].arch
+    costing = create_strategy_costing(resolved, index)
     pricing = TurnPricing(costing.coeffs, costing.profile, scenario.engine.max_num_batched_tokens,
                           num_query_tokens=1, routing_last_layer=strategy.route_layer + 1)
-    decision_s = get_strategy(strategy.kind).decision_s(strategy_spec(scenario, index), pricing,
+    decision_s = get_strategy(strategy.kind).decision_s(strategy_spec(resolved, index), pricing,
                                                         num_context_tokens=0)
     return dict(route_layer=strategy.route_layer, num_head_params=strategy.num_head_params,
                 num_layers=arch.num_layers, predicted_decision_s=float(decision_s),
                 seed=scenario.seed)
 
 
-def host_settings(scenario: Scenario, device: str) -> dict:
+def host_settings(scenario: Scenario | ResolvedScenario, device: str) -> dict:
     """What the pricing profile recorded about the process it was measured in, to apply the
     same way: torch threads and the kept-freed-memory allocator on CPU (a plan priced by
     assumed coefficients, or on a GPU, gets vLLM's defaults)."""
-    from planner.scenario.pricing import resolve_pricing
-
-    profile = resolve_pricing(scenario).profile
+    resolved = as_resolved(scenario)
+    profile = resolved.source(resolved.scenario.hardware.gpu_spec.name).profile
     settings = profile.engine.settings if profile is not None else {}
     if device != "cpu":
         return dict(num_threads=None, keep_freed_memory=False)
@@ -246,16 +247,14 @@ def host_settings(scenario: Scenario, device: str) -> dict:
                 keep_freed_memory="freed memory kept" in str(settings.get("host_allocator", "")))
 
 
-def layer_costs_json(scenario: Scenario, index: int) -> dict:
+def layer_costs_json(scenario: Scenario | ResolvedScenario, index: int) -> dict:
     """The layer costs that price this strategy's steps (as
-    `planner.scenario.pricing.create_strategy_costing` resolves it) as plain JSON: arrays as
+    `planner.scenario.resolved.create_strategy_costing` resolves it) as plain JSON: arrays as
     {"array": values, "dtype": name}, the GPU spec dumped. The calibration prices a verify
     run's steps on it (`calibrate.verify_samples`)."""
     from dataclasses import fields
 
     import numpy as np
-
-    from planner.scenario.pricing import create_strategy_costing
 
     profile = create_strategy_costing(scenario, index).profile
     out = {}
@@ -269,20 +268,22 @@ def layer_costs_json(scenario: Scenario, index: int) -> dict:
     return out
 
 
-def predict_replay(scenario: Scenario, index: int, workload, num_kv_blocks: int) -> dict:
+def predict_replay(scenario: Scenario | ResolvedScenario, index: int, workload,
+                   num_kv_blocks: int) -> dict:
     """The simulator's summary of exactly the replayed workload on one replica, with the KV
     pool the engine resolved (the largest single source of error when computed instead)."""
     from planner.predict.simulation import engine_limits, strategy_spec
-    from planner.scenario.pricing import resolve_pricing
     from planner.verify.checks import summarize, turn_records
     from sim.config import ClusterSpec, SimConfig
     from sim.simulate import simulate
 
+    resolved = as_resolved(scenario)
+    scenario = resolved.scenario
     engine = engine_limits(scenario).model_copy(update=dict(num_kv_blocks=num_kv_blocks))
     hw = scenario.hardware
-    config = SimConfig(arch=scenario.strategy_arch(index), gpu=hw.gpu_spec,
+    config = SimConfig(arch=resolved.strategies[index].arch, gpu=hw.gpu_spec,
                        tensor_parallel_size=hw.tensor_parallel_size, engine=engine,
-                       strategy=strategy_spec(scenario, index),
-                       coeffs=resolve_pricing(scenario).coeffs,
+                       strategy=strategy_spec(resolved, index),
+                       coeffs=resolved.coeffs(hw.gpu_spec.name),
                        cluster=ClusterSpec(num_replicas=1), seed=scenario.seed)
     return summarize(turn_records(simulate(config, workload).turns))

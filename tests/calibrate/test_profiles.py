@@ -7,12 +7,8 @@ from pathlib import Path
 import pytest
 
 from planner.scenario.loading import ScenarioError, load_scenario
-from planner.scenario.pricing import (
-    DEFAULT_PROFILES,
-    gpu_pricing_source,
-    pricing_sources,
-    resolve_pricing,
-)
+from planner.scenario.pricing import DEFAULT_PROFILES, resolve_pricing
+from planner.scenario.resolved import gpu_pricing_source, pricing_sources
 from sim.cost.cost_model import DEFAULT_COEFFS
 from sim.cost.profile import PROFILES_DIR, load_profile, profile_path
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from planner.jobs.strategy_points import scenario_tasks, simulate_point
-from planner.scenario.loading import load_scenario
+from planner.scenario.loading import load_resolved, load_scenario
 from sim.workload import traces
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,11 +99,11 @@ def test_a_relative_trace_path_resolves_against_the_scenario_folder(tmp_path, mo
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)  # neither the scenario's folder nor the repository
-    scenario = load_scenario(Path("..") / "scenarios" / "mine" / "s.yaml")
-    assert Path(scenario.workload.path) == (folder / "traces" / "t.csv").resolve()
-    task = scenario_tasks(scenario, "sim")[0]
-    monkeypatch.chdir(REPO)  # a worker may run anywhere: the payload carries the resolved path
-    record = simulate_point(task.payload)
+    resolved = load_resolved(Path("..") / "scenarios" / "mine" / "s.yaml")
+    assert Path(resolved.scenario.workload.path) == (folder / "traces" / "t.csv").resolve()
+    task = scenario_tasks(resolved, "sim")[0]
+    monkeypatch.chdir(REPO)  # a worker may run anywhere: the resolved scenario holds the path
+    record = simulate_point(resolved, task.payload)
     assert record["summary"]["num_turns"] == 2
 
 

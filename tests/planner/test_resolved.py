@@ -1,0 +1,94 @@
+"""A scenario is resolved once, at load (`planner.scenario.resolved`): the workers of `molcap run`
+receive that object and resolve nothing again."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+
+import planner.scenario.resolved as resolved_module
+from planner.jobs.strategy_points import point_function, scenario_tasks
+from planner.scenario.loading import load_resolved
+from planner.scenario.resolved import resolve_scenario
+from sim.cost.profile import PROFILES_DIR
+from sim.io.points import PointStore, run_points
+
+PROFILE = "h100-64gb-vllm085-llama-3.1-8b.yaml"
+
+TINY = """\
+name: tiny_resolved
+model: llama-3.1-8b
+hardware: {gpu: H100-64GB, profile: ./fitted.yaml}
+strategies:
+  - kind: multi_lora
+    adapters: [{name: a, rank: 8}, {name: b, rank: 16}]
+  - kind: base
+workload: {kind: conversations, num_conversations: 4, num_turns: 2,
+  num_initial_context_tokens: 128, num_user_tokens: 16, num_reply_tokens: 16,
+  think_time_s: 1.0, arrival_rate_per_s: 2.0}
+slo: {ttft_p99_s: 10}
+search: {gpus: [H100-64GB, H20], tensor_parallel_sizes: [1], num_seeds: 1,
+  max_turns_per_evaluation: 10, max_num_replicas: 2}
+"""
+
+
+@pytest.fixture
+def scenario_file(tmp_path) -> Path:
+    """The tiny scenario beside its own copy of a fitted profile, named by a relative path."""
+    shutil.copy(PROFILES_DIR / PROFILE, tmp_path / "fitted.yaml")
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY, encoding="utf-8")
+    return path
+
+
+def test_resolution_holds_the_pricing_of_every_gpu_the_search_may_choose(scenario_file):
+    resolved = load_resolved(scenario_file)
+    assert list(resolved.pricing) == ["H100-64GB", "H20"]
+    own = resolved.source("H100-64GB")
+    assert own.path == (scenario_file.parent / "fitted.yaml").resolve() and not own.is_default
+    assert resolved.source("H20").is_default
+    names = [Path(p).name for p, _ in resolved.inputs]
+    assert names[0] == "fitted.yaml" and "h20-scaled-from-h100-64gb.yaml" in names
+    with pytest.raises(ValueError, match="neither the scenario's hardware.gpu"):
+        resolved.source("A100-80GB")
+    again = pickle.loads(pickle.dumps(resolved))
+    assert again == resolved
+
+
+def test_workers_over_the_process_backend_read_the_resolved_object(scenario_file, tmp_path):
+    """The profile file is gone once the scenario is resolved: a worker that resolved the
+    pricing again would fail to read it, and its point would record the error."""
+    resolved = load_resolved(scenario_file)
+    (scenario_file.parent / "fitted.yaml").unlink()
+    tasks = scenario_tasks(resolved, "sim") + scenario_tasks(resolved, "plan")
+    records = run_points(tasks, point_function(resolved), PointStore(tmp_path / "points"),
+                         backend="local", num_workers=2)
+    assert {k: r.get("error") for k, r in records.items() if r["status"] != "ok"} == {}
+    assert len(records) == 4
+    with pytest.raises(Exception, match="fitted.yaml"):
+        resolve_scenario(resolved.scenario)  # what a re-resolving worker would have met
+
+
+def test_a_run_calls_resolve_pricing_once(scenario_file, tmp_path, monkeypatch):
+    """Counted in this process (inline backend): loading resolves, the comparisons, the
+    simulations and every trial of the capacity search read the resolution."""
+    calls = []
+    real = resolved_module.resolve_pricing
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(resolved_module, "resolve_pricing", counted)
+    from planner.predict.analysis import run_comparisons
+
+    resolved = load_resolved(scenario_file)
+    run_comparisons(resolved)
+    tasks = scenario_tasks(resolved, "sim") + scenario_tasks(resolved, "plan")
+    records = run_points(tasks, point_function(resolved), PointStore(tmp_path / "points"),
+                         backend="inline")
+    assert all(r["status"] == "ok" for r in records.values())
+    assert calls == ["tiny_resolved"]
