@@ -15,18 +15,20 @@ from planner.outputs.sweep_figures import sweep_figures
 from planner.outputs.variant_tables import SWEEP_NOTE, people_sweep_table
 from planner.predict.analysis import strategy_summary
 from planner.predict.simulation import simulate_strategy
+from planner.scenario.resolved import resolve_scenario
 from planner.scenario.schema import Scenario
 from sim.io.files import file_name, write_atomic
 from sim.io.points import PointStore, PointTask, progress_counter, run_points
 
 
 def evaluate_point(payload: dict) -> list[dict]:
-    """One sweep point: validate its scenario and summarise every strategy (JSON-able rows)."""
-    scenario = Scenario.model_validate(payload["scenario"])
+    """One sweep point: validate and resolve its scenario (each point is a scenario of its
+    own, resolved once here) and summarise every strategy (JSON-able rows)."""
+    resolved = resolve_scenario(Scenario.model_validate(payload["scenario"]))
     if payload["evaluate"] == "simulate":
-        return [{"strategy": st.label, **simulate_strategy(scenario, i).summary}
-                for i, st in enumerate(scenario.strategies)]
-    return strategy_summary(scenario).to_dict(orient="records")
+        return [{"strategy": st.label, **simulate_strategy(resolved, i).summary}
+                for i, st in enumerate(resolved.scenario.strategies)]
+    return strategy_summary(resolved).to_dict(orient="records")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
-"""Thin converter from a validated Scenario to the simulator: `simulate_strategy`.
+"""Thin converter from a resolved scenario to the simulator: `simulate_strategy`.
 
 Builds the sim-level `SimConfig` (model, GPU, engine limits, strategy numbers, cluster) and the
-workload arrays for one strategy of the scenario, then calls `sim.simulate`.
+workload arrays for one strategy of the scenario, then calls `sim.simulate`. The coefficients,
+adapter numbers and KV layout are read from the scenario's resolution
+(`planner.scenario.resolved`); a plain `Scenario` is resolved on the spot.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ class ResolvedScenario:
     """GPU kind -> what prices it: the scenario's own GPU and every kind in `search.gpus`."""
     strategies: tuple[ResolvedStrategy, ...]
     inputs: tuple[tuple[str, str], ...]
-    """(path, content digest) of every file the points read besides the scenario."""
+    """(absolute path, content digest) of every file the points read besides the scenario."""
 
     def source(self, gpu_name: str) -> PricingSource:
         """What prices steps on `gpu_name`; a kind the scenario never runs on is an error."""
@@ -128,7 +128,8 @@ def resolve_scenario(scenario: Scenario, folder: str | Path | None = None, *,
     return ResolvedScenario(
         scenario=scenario, folder=folder, pricing=pricing,
         strategies=tuple(_strategy(scenario, i) for i in range(len(scenario.strategies))),
-        inputs=tuple(zip((str(f) for f in files), input_files_digest(scenario), strict=True)))
+        inputs=tuple(zip((str(f.resolve()) for f in files), input_files_digest(scenario),
+                         strict=True)))
 
 
 def as_resolved(scenario: Scenario | ResolvedScenario,
