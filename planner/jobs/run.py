@@ -239,8 +239,7 @@ def run_scenario_file(
     notes = (OFFLINE_NOTE,) if offline else ()
     tasks = scenario_tasks(resolved, "sim") + ([] if offline else scenario_tasks(resolved, "plan"))
     records = run_points(tasks, point_function(resolved), PointStore(out_dir / "points"),
-                         backend=backend,
-                         num_workers=num_workers, ray_address=ray_address,
+                         backend=backend, num_workers=num_workers, ray_address=ray_address,
                          on_done=progress_counter(len(tasks), on_progress))
     frames, errors = _collect(records)
     frames = _with_intervals(frames, scenario)
@@ -280,4 +279,3 @@ def run_scenario_file(
     write_atomic(report, page.encode("utf-8"))
     return RunResult(scenario, report, tables, comparisons, frames["plans"], errors, len(tasks),
                      notes, resolved)
-
