@@ -23,6 +23,21 @@ SWEEP_METRICS = ("decision_s", "switch_s", "decode_step_s", "kv_gib_per_conversa
 
 _STYLES = ("solid", "dash", "dot", "dashdot")
 
+METRIC_LABELS = {
+    "decision_s": "routing decision (s)", "switch_s": "switch cost (s)",
+    "decode_step_s": "decode step (s)", "kv_gib_per_conversation": "KV per conversation (GiB)",
+    "ttft_p50_s": "p50 TTFT (s)", "ttft_p99_s": "p99 TTFT (s)", "tpot_p50_s": "p50 TPOT (s)",
+    "tpot_p99_s": "p99 TPOT (s)", "e2e_p50_s": "p50 end-to-end (s)",
+    "e2e_p99_s": "p99 end-to-end (s)", "output_tokens_per_s": "output (tokens/s)",
+    "goodput_turns_per_s": "goodput (turns/s)", "turns_per_s": "turns (/s)",
+}
+"""Axis names with the unit of the values as the sweep table holds them."""
+
+
+def metric_label(metric: str) -> str:
+    """The axis name of a sweep metric: its unit-bearing name, else its words."""
+    return METRIC_LABELS.get(metric, metric.replace("_", " "))
+
 
 def field_name(column: str) -> str:
     """`analysis.num_turn_context_tokens` -> `num turn context tokens`."""
@@ -55,7 +70,7 @@ def sweep_line_figure(data: pd.DataFrame, x: str, y: str, dash: str | None,
             traces.append(trace)
     title = with_note(title, interval_note(data, [y]))
     layout = dict(title=dict(text=title), xaxis=dict(title=dict(text=field_name(x))),
-                  yaxis=dict(title=dict(text=field_name(y))), template=_white_template(),
+                  yaxis=dict(title=dict(text=metric_label(y))), template=_white_template(),
                   height=380, legend=dict(title=dict(text="strategy")))
     return dict(data=traces, layout=layout)
 
@@ -75,9 +90,10 @@ def sweep_figures(table: pd.DataFrame, parameters: list[str]) -> list[dict]:
             values = np.sort(data[dash].unique())
             kept = values[np.linspace(0, values.size - 1, MAX_DASH_VALUES).round().astype(int)]
             data = data[data[dash].isin(kept)]
-            note = f" ({MAX_DASH_VALUES} of {values.size} values of {dash})"
+            note = f" ({MAX_DASH_VALUES} of {values.size} values of {field_name(dash)})"
         figures += [sweep_line_figure(data, param, metric, dash,
-                                      f"{metric} vs {param}{note}") for metric in metrics]
+                                      f"{metric_label(metric)} vs {field_name(param)}{note}")
+                    for metric in metrics]
     return figures
 
 
@@ -86,7 +102,8 @@ def sweep_figure(table: pd.DataFrame, param: str, metric: str,
     """One metric of a sweep vs one varied field (`dash`: a second field), for the
     dashboard."""
     data = table.sort_values(param)
-    return go.Figure(sweep_line_figure(data, param, metric, dash, f"{metric} vs {param}"))
+    return go.Figure(sweep_line_figure(data, param, metric, dash,
+                                       f"{metric_label(metric)} vs {field_name(param)}"))
 
 
 @functools.cache

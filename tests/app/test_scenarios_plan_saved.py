@@ -171,7 +171,7 @@ def test_saved_runs_and_sweeps_are_browsed_without_recomputing(in_workdir):
     no_exceptions(at)
     assert at.selectbox(key="sweep_param").value == "workload.num_reply_tokens"
     assert len(at.get("plotly_chart")) == 1
-    assert max(_error_bars(_chart(at, "ttft_p99_s vs"))) > 0
+    assert max(_error_bars(_chart(at, "p99 TTFT (s) vs num reply tokens"))) > 0
     table = at.dataframe[0].value
     assert list(table.columns[:2]) == ["num reply tokens", "Strategy"]
     assert table["p99 TTFT (s)"].str.fullmatch(r"[\d.,]+ \([\d.,]+-[\d.,]+\)").all()

@@ -123,7 +123,10 @@ def test_sweep_lines_carry_the_interval_as_error_bars() -> None:
         dict(point="p1", context=512, strategy="lora", ttft_p99_s=0.5),
         dict(point="p2", context=4096, strategy="lora", ttft_p99_s=1.0)])
     charted = with_intervals(table, {"H100": ERRORS}, 0.9, default_gpu="H100")
-    [trace] = sweep_figure(charted, "context", "ttft_p99_s").data
+    fig = sweep_figure(charted, "context", "ttft_p99_s")
+    assert fig.layout.title.text.startswith("p99 TTFT (s) vs context")  # named, with its unit
+    assert fig.layout.yaxis.title.text == "p99 TTFT (s)"
+    [trace] = fig.data
     assert list(trace.x) == [512, 4096]
     highs = charted["ttft_p99_s_high"] - charted["ttft_p99_s"]
     assert list(trace.error_y.array) == pytest.approx(list(highs)) and min(highs) > 0
