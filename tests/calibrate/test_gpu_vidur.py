@@ -119,3 +119,21 @@ def test_layer_samples_leave_out_non_gated_models_and_say_so():
     samples, skipped = layer_samples([replace(record, use_gated_mlp=False)], "h100")
     assert samples == [] and "non-gated" in skipped[0]
     assert np.isfinite(record.median_ms)
+
+
+def test_validation_section_covers_every_machine_tp_and_phase():
+    from calibrate.gpu_splitwise import render_section, splitwise_section
+
+    coeffs = {gpu: load_profile(PROFILES_DIR / f"{name}.yaml").coefficients
+              for gpu, name in PROFILE_NAMES.items()}
+    section = splitwise_section(coeffs, PROFILE_NAMES)
+    keys = {(r["hardware"], r["tp"], r["phase"]) for r in section["summary"]}
+    assert keys == {(h, tp, phase) for h in ("a100-80gb", "h100-80gb", "h100-80gb-pcap")
+                    for tp in (2, 4, 8) for phase in ("prompt", "token")}
+    assert all(r["num_rows"] == 105 for r in section["summary"])
+    # The latency refit sees TP 2 and 4 only: it must not explain TP 8's token steps.
+    for fit in section["tp_refit"]:
+        tp8 = next(r for r in fit["summary"] if r["tp"] == 8 and r["phase"] == "token")
+        assert fit["fit_tp"] == [2, 4] and tp8["median_error"] < -0.1
+    text = "\n".join(render_section(section))
+    assert "| a100-80gb | 8 | token | 105 |" in text and "checked on TP 8" in text
