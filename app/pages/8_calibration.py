@@ -39,7 +39,8 @@ def main() -> None:
     if js.exists():
         data = json.loads(js.read_text(encoding="utf-8"))
         rows = data.get("rows", data) if isinstance(data, dict) else data
-        st.dataframe(pd.DataFrame(rows), hide_index=True, key="validation")
+        # The markdown below is the table for people; the rows, unrounded, are a download.
+        layout.raw_downloads("validation", pd.DataFrame(rows), "validation_raw")
     if md.exists():
         st.markdown(md.read_text(encoding="utf-8"))
     if not md.exists() and not js.exists():

@@ -173,6 +173,10 @@ def test_calibration_says_the_default_gpu_is_priced_by_a_scaled_profile(in_workd
     assert not texts(at.success) and not texts(at.warning)
     table = at.dataframe[0].value
     assert "gemm_flops_efficiency" in set(table["coefficient"])
+    # The validation rows are the markdown table for people plus raw downloads, no dump.
+    assert len(at.dataframe) == 1
+    assert {b.label for b in at.get("download_button")} == {"validation.csv",
+                                                           "validation.parquet"}
 
 
 def custom_gpu_scenario() -> str:
