@@ -10,6 +10,7 @@ import streamlit as st
 
 from app import layout, state
 from planner.jobs.dashboard import pricing
+from planner.outputs.people_columns import people_table
 
 VALIDATION_FILES = (Path("docs/validation.md"), Path("docs/validation.json"))
 
@@ -33,7 +34,7 @@ def main() -> None:
     st.dataframe(priced["coefficients"], hide_index=True, key="coefficients")
     if not priced["fit_errors"].empty:
         with st.expander("the profile's fit errors (train and held-out steps)"):
-            st.dataframe(priced["fit_errors"], hide_index=True)
+            st.dataframe(people_table(priced["fit_errors"]), hide_index=True)
     st.subheader("Predicted vs measured")
     md, js = (Path(__file__).resolve().parents[2] / p for p in VALIDATION_FILES)
     if js.exists():

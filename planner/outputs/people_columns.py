@@ -16,6 +16,9 @@ _WORDS = {"kv": "KV", "lora": "LoRA", "direft": "DiReFT", "moe": "MoE", "gemm": 
 _UNITS = (("_gib_per_gpu", "GiB per GPU", 1.0), ("_gib", "GiB", 1.0),
           ("_share", "%", 100.0), ("_tokens", "tokens", 1.0), ("_per_s", "/s", 1.0))
 """(name suffix, unit, scale), first match wins; `_s` is handled apart (s or ms)."""
+_NAMED = {"mape": ("MAPE (%)", 100.0), "median_ape": ("Median APE (%)", 100.0),
+          "r2": ("R²", 1.0)}
+"""Columns whose names no suffix rule reads."""
 
 
 def _words(stem: str) -> str:
@@ -26,6 +29,8 @@ def _words(stem: str) -> str:
 def column_name(column: str, values: pd.Series) -> tuple[str, float]:
     """(name with unit, scale) of a column: `switch_s` -> `Switch (ms)` when every value is
     under a second, `kv_gib` -> `KV (GiB)`, `routing_share` -> `Routing (%)`."""
+    if column in _NAMED:
+        return _NAMED[column]
     stem = column.removeprefix("num_")
     for suffix, unit, scale in _UNITS:
         if stem.endswith(suffix):

@@ -38,6 +38,7 @@ search: {gpus: [H100-64GB], tensor_parallel_sizes: [1], num_seeds: 1,
     ("num_kv_blocks", [3], ("KV blocks", 1.0)),
     ("context_tokens", [512], ("Context (tokens)", 1.0)),
     ("lora_s", [0.001], ("LoRA (ms)", 1e3)),
+    ("median_ape", [0.1], ("Median APE (%)", 100.0)),
 ])
 def test_a_column_is_named_from_its_unit_suffix(column, values, expected):
     assert column_name(column, pd.Series(values)) == expected
