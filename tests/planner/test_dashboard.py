@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from planner.jobs.dashboard import (
+    PlanJob,
     compare_summaries,
     plan_headline,
     plan_scenario,
@@ -85,6 +86,15 @@ slo: {ttft_p99_s: 10}
 search: {tensor_parallel_sizes: [1], num_seeds: 1, max_turns_per_evaluation: 12,
   max_num_replicas: 2}
 """
+
+
+def test_a_plan_job_plans_in_a_child_process_from_the_resolved_scenario(tmp_path):
+    """The child (spawned, a fresh interpreter) receives the resolved scenario pickled."""
+    scenario = scenario_from_text(TINY)
+    job = PlanJob(scenario, tmp_path)
+    job._process.join(timeout=600)
+    assert job._process.exitcode == 0 and job.progress() == (1, 1)
+    assert job.result().plans["is_feasible"].astype(bool).tolist() == [True]
 
 
 def test_plans_share_the_points_store_of_molcap_run(tmp_path):
