@@ -52,6 +52,11 @@ MODULES = {
 COPIED = ("sim", "planner", "tests", "scenarios", "pyproject.toml")
 """What a module's scratch copy of the repository holds (data/ is linked, never mutated)."""
 EQUIVALENT = ROOT / "bench" / "mutation_equivalent.json"
+SURVIVORS = "bench_mutation.survivors"
+"""Next to the results file (not .json: bench/tables.py renders those): each module's survivors
+in its latest run (key and change), so that docs/mutation.md lists every module's, and
+`--rejudge` applies a new verdict on a survivor to the module's latest row without running the
+mutants again."""
 DOC = ROOT / "docs" / "mutation.md"
 BENCHMARK = "bench_mutation"
 
@@ -142,18 +147,53 @@ def summarize(run: dict, equivalent: dict[str, str]) -> dict:
     unrunnable."""
     statuses = [o["status"] for o in run["outcomes"]]
     survivors = [o for o in run["outcomes"] if o["status"] == "survived"]
-    num_equivalent = sum(o["key"] in equivalent for o in survivors)
     killed = statuses.count("killed")
-    judged = killed + len(survivors) - num_equivalent
-    return dict(module=run["module"], num_mutants=run["num_mutants"],
-                num_sampled=len(statuses), num_killed=killed, num_survived=len(survivors),
-                num_equivalent=num_equivalent, num_incompetent=statuses.count("incompetent"),
-                kill_rate=round(killed / judged, 3) if judged else None,
-                minutes=round(run["minutes"], 1))
+    row = dict(module=run["module"], num_mutants=run["num_mutants"],
+               num_sampled=len(statuses), num_killed=killed, num_survived=len(survivors),
+               num_equivalent=0, num_incompetent=statuses.count("incompetent"), kill_rate=None,
+               minutes=round(run["minutes"], 1))
+    return judged(row, [o["key"] for o in survivors], equivalent)
 
 
-def write_doc(runs: list[dict], equivalent: dict[str, str]) -> None:
-    """docs/mutation.md: every recorded row, then this run's survivors."""
+def judged(row: dict, survivor_keys: list[str], equivalent: dict[str, str]) -> dict:
+    """`row` with its equivalent survivors counted and its kill rate over the rest."""
+    num_equivalent = sum(key in equivalent for key in survivor_keys)
+    num_judged = row["num_killed"] + row["num_survived"] - num_equivalent
+    return row | dict(num_equivalent=num_equivalent,
+                      kill_rate=round(row["num_killed"] / num_judged, 3) if num_judged else None)
+
+
+def _changed_lines(diff: str) -> list[str]:
+    return [d.strip() for d in diff.splitlines()
+            if d[:1] in "+-" and not d.startswith(("---", "+++"))][:2]
+
+
+def save_survivors(runs: list[dict]) -> None:
+    """Replace the survivors of each module just run (others keep their latest run's)."""
+    path = results_dir() / SURVIVORS
+    data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    for run in runs:
+        data[run["module"]] = [dict(key=o["key"], change=_changed_lines(o["diff"]))
+                               for o in run["outcomes"] if o["status"] == "survived"]
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+def rejudge(equivalent: dict[str, str]) -> None:
+    """Count equivalent survivors and the kill rate of each module's latest row anew, from its
+    saved survivors and the current verdicts: a judgement made after the run, no new run."""
+    path = results_dir() / f"{BENCHMARK}.json"
+    results = load_results(path).model_dump()
+    survivors = json.loads((results_dir() / SURVIVORS).read_text(encoding="utf-8"))
+    latest = {row["values"]["module"]: row for row in results["rows"]}
+    for module, rows in survivors.items():
+        row = latest.get(module)
+        if row is not None and row["values"]["num_survived"] == len(rows):
+            row["values"] = judged(row["values"], [r["key"] for r in rows], equivalent)
+    path.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def write_doc(equivalent: dict[str, str]) -> None:
+    """docs/mutation.md: every recorded row, then each module's latest survivors."""
     results = load_results(results_dir() / f"{BENCHMARK}.json")
     head = ["date (UTC)", "machine", "load (1 min)", "commit",
             *(c.label for c in results.columns)]
@@ -167,18 +207,16 @@ def write_doc(runs: list[dict], equivalent: dict[str, str]) -> None:
         cells = [row.date, row.machine, str(row.load_average), row.commit or "",
                  *(str(row.values.get(c.key, "")) for c in results.columns)]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "## Survivors of the latest run", ""]
-    for run in runs:
-        survivors = [o for o in run["outcomes"] if o["status"] == "survived"]
-        lines.append(f"### {run['module']}: {len(survivors)} survived")
+    lines += ["", "## Survivors of each module's latest run", ""]
+    survivors = json.loads((results_dir() / SURVIVORS).read_text(encoding="utf-8"))
+    for module, rows in survivors.items():
+        lines.append(f"### {module}: {len(rows)} survived")
         lines.append("")
-        for o in survivors:
+        for o in rows:
             verdict = equivalent.get(o["key"])
             lines.append(f"- `{o['key']}`: " + (f"equivalent: {verdict}" if verdict
                                                  else "not killed (a missing test)"))
-            changed = [d for d in o["diff"].splitlines()
-                       if d[:1] in "+-" and not d.startswith(("---", "+++"))]
-            lines += [f"  `{d.strip()}`" for d in changed[:2]]
+            lines += [f"  `{d}`" for d in o["change"]]
         lines.append("")
     # A trial run into another results folder (MOLCAP_BENCH_RESULTS_DIR) keeps its page there.
     doc = DOC if results_dir() == RESULTS_DIR else results_dir() / DOC.name
@@ -194,9 +232,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=300.0,
                         help="seconds a mutant's test run may take before it counts as killed")
     parser.add_argument("--jobs", type=int, default=2, help="modules run side by side")
+    parser.add_argument("--rejudge", action="store_true",
+                        help="run nothing: apply bench/mutation_equivalent.json to each "
+                             "module's latest row and survivors, and rewrite docs/mutation.md")
     args = parser.parse_args(argv)
     equivalent = {e["mutant"]: e["reason"] for e in
                   json.loads(EQUIVALENT.read_text(encoding="utf-8"))}
+    if args.rejudge:
+        rejudge(equivalent)
+        write_doc(equivalent)
+        return 0
     load_before = os.getloadavg()[0]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         runs = list(pool.map(lambda m: run_module(m, MODULES[m], sample=args.sample,
@@ -206,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     # The column labels and the title live in bench/results/bench_mutation.json.
     append_rows(BENCHMARK, rows, source=f"bench/bench_mutation.py --sample {args.sample} "
                 f"--seed {args.seed}", load_average=f"{load_before:.1f}-{os.getloadavg()[0]:.1f}")
-    write_doc(runs, equivalent)
+    save_survivors(runs)
+    write_doc(equivalent)
     for row in rows:
         print(f"{row['module']}: {row['num_killed']}/{row['num_sampled']} killed, "
               f"kill rate {row['kill_rate']}")
