@@ -45,7 +45,8 @@ MODULES = {
     "planner/search/slo_search.py": ["tests/planner/test_search.py",
                                      "tests/planner/test_search_rules.py",
                                      "tests/planner/test_fast_search.py",
-                                     "tests/planner/test_slo_rules.py"],
+                                     "tests/planner/test_slo_rules.py",
+                                     "tests/planner/test_slo_search_rules.py"],
     "planner/search/slo.py": ["tests/planner/test_slo_rules.py"],
 }
 """Module -> its own tests (only these run against its mutants)."""
