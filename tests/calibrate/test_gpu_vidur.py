@@ -20,7 +20,7 @@ from calibrate.gpu_vidur_fit import (
     fit_dense,
     layer_samples,
 )
-from planner.scenario.pricing import DEFAULT_PROFILES, _gpu_default
+from planner.scenario.pricing import DEFAULT_PROFILES, gpu_default_pricing
 from sim.cost.cost_model import CostCoeffs, create_step_batch, predict_step
 from sim.cost.layer_costs import create_layer_costs
 from sim.cost.profile import PROFILES_DIR, load_profile
@@ -92,7 +92,7 @@ def test_shipped_profiles_record_their_data_and_are_the_fitted_defaults(gpu):
     assert "vidur@7d475133" in profile.engine.settings["dataset"]
     assert {"gemm_flops_efficiency", "layer_overhead_s",
             "communication_latency_s"} <= set(profile.fit.fitted_terms)
-    line = _gpu_default(get_gpu(gpu)).describe()
+    line = gpu_default_pricing(get_gpu(gpu)).describe()
     assert profile.name in line and "fitted" in line and "scaled from" not in line
     test = {r.group: r for r in profile.fit.errors if r.split == "test"}
     # Held-out bands: Llama-2-70B's operators (never fitted) within 20% MAPE per layer.
