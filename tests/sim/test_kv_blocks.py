@@ -6,7 +6,13 @@ import itertools
 import numpy as np
 import pytest
 
-from sim.memory.kv_blocks import RUN_KEY_BITS, KvBlockManager, KvCapacityError
+from sim.memory.kv_blocks import (
+    RUN_KEY_BITS,
+    TRACE_NAMES,
+    TRACE_NAMESPACES,
+    KvBlockManager,
+    KvCapacityError,
+)
 
 
 def _keys(runs: list[range]) -> list[int]:
@@ -302,3 +308,24 @@ def test_trace_block_key_runs_join_consecutive_ids_and_slice_consistently(per_id
             assert all(runs), (start, stop)  # no empty range
     numbered = any(not 0 <= i - p < 2**25 for p, i in enumerate(ids))  # some id - p
     assert (seq.hash_key_table is None) == numbered  # numbered keys: no table
+
+
+@pytest.mark.parametrize("namespace", [-1, 0, 5, TRACE_NAMESPACES - 2, TRACE_NAMESPACES - 1])
+def test_a_trace_hash_id_gets_one_key_whichever_way_it_is_asked(namespace):
+    # A sequence keys its trace hash ids with trace_key_bases (many at once) or key_base (one
+    # by one): the two must agree, or the same prompt misses its own cached blocks. Ids in
+    # namespaces -1..62 below TRACE_NAMES get keys computed from (namespace, id), the same in
+    # every manager and negative (never a numbered run's); any other is numbered in a table.
+    names = (0, 7, TRACE_NAMES - 1, TRACE_NAMES)
+    first, second = (KvBlockManager(num_blocks=4, block_size=16, enable_prefix_caching=True)
+                     for _ in range(2))
+    second.key_base(3, 99)  # a numbered run first: tables number runs in order of first use
+    bases = first.trace_key_bases(namespace, names)
+    assert bases == [first.key_base(namespace, name, True) for name in names]
+    computed = namespace < TRACE_NAMESPACES - 1
+    for name, base in zip(names, bases, strict=True):
+        is_computed = computed and name < TRACE_NAMES
+        assert (base < 0) == is_computed, (name, base)
+        assert (second.key_base(namespace, name, True) == base) == is_computed, name
+    assert first.computes_trace_keys(namespace, names[:3]) == computed
+    assert not first.computes_trace_keys(namespace, names)
