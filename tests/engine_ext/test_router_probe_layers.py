@@ -147,3 +147,19 @@ def test_runs_of_other_layers_add_cells_and_a_rerun_replaces_its_own():
         (1, 0.1), (2, 0.3), (3, 0.4)]
     assert [b["accuracy"] for b in both["tfidf"]] == [0.6]
     assert both["commands"] == ["a", "b"] and both["probe_cpu_s"] == 3.0
+
+
+def test_a_new_layer_card_keeps_the_decision_times_of_the_layer_25_card(tmp_path):
+    import shutil
+    from types import SimpleNamespace
+
+    from engine_ext.routers.train import CARDS_DIR, timing_source
+
+    shutil.copy(CARDS_DIR / "mol2-smollm2.json", tmp_path / "mol2-smollm2.json")
+    args = SimpleNamespace(keep_timings=True, cards=tmp_path)
+    assert timing_source(args, "mol2-smollm2-l8") == tmp_path / "mol2-smollm2.json"
+    assert timing_source(args, "contextual-smollm2") is None  # another router: no borrowing
+    (tmp_path / "mol2-smollm2-l8.json").write_text("{}")
+    assert timing_source(args, "mol2-smollm2-l8") == tmp_path / "mol2-smollm2-l8.json"
+    assert timing_source(SimpleNamespace(keep_timings=False, cards=tmp_path),
+                         "mol2-smollm2-l8") is None
