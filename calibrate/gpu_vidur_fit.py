@@ -10,9 +10,9 @@ What is fitted, per GPU kind, on the repository's vidur slice (`data/gpu/vidur`,
   add: every per-layer operator vidur times) against the cost model's dense roofline plus a
   fixed cost per layer (the elementwise kernels' floor: without it small batches come out
   30-40% fast). Fitted on every gated model vidur profiled on the GPU but Llama-2-70B, at TP
-  1/2/4/8 and 1-4,096 tokens; Llama-2-70B's operators are held out (scored in the profile's
-  `fit.errors`), so the Splitwise check (`calibrate.gpu_splitwise`, Llama-2-70B whole steps)
-  is on a model the fit never saw.
+  1/2/4/8 and 20 log-spaced token counts from 1 to 4,096 (`FIT_TOKENS`); Llama-2-70B's
+  operators are held out (scored in the profile's `fit.errors`), so the Splitwise check
+  (`calibrate.gpu_splitwise`, Llama-2-70B whole steps) is on a model the fit never saw.
 * `communication_efficiency`, `communication_latency_s`: the DGX all-reduce times of 2 and 4
   workers against the cost model's ring all-reduce; the 8-worker times are held out.
 
@@ -45,6 +45,12 @@ HELD_OUT_MODEL = "meta-llama/Llama-2-70b-hf"
 HELD_OUT_WORKERS = 8
 DENSE_TERMS = ("gemm_flops_efficiency", "memory_bandwidth_efficiency", "layer_overhead_s")
 COMM_TERMS = ("communication_efficiency", "communication_latency_s")
+FIT_TOKENS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
+              3072, 4096)
+"""Token counts the dense fit reads (the slice keeps them for every model,
+`data/cut_gpu_slices.py` VIDUR_TOKENS): log-spaced, so decode-sized batches weigh as much as
+prefill chunks (vidur's own grid is 8 or 32 apart, three quarters of it above 1,024 tokens),
+and the full data and the slice give the same fit."""
 SOURCE_NUM_LAYERS = 32
 """Layers of Llama-3.1-8B, the model the H100-64GB fixed step cost was fitted on."""
 VIDUR_COMMIT = "7d475133"
@@ -76,11 +82,13 @@ def vidur_arch(record) -> ModelArch:
 
 
 def layer_samples(records, device: str) -> tuple[list[LayerSample], list[str]]:
-    """Per-layer samples of `device`'s operator records; models the cost model's shapes do not
-    describe (a non-gated MLP) are left out and named in the second value."""
+    """Per-layer samples of `device`'s operator records at `FIT_TOKENS`; models the cost
+    model's shapes do not describe (a non-gated MLP) are left out and named in the second
+    value."""
     times, first = defaultdict(float), {}
     for r in records:
-        if r.gpu != device or r.operator == "emb":  # the embedding runs once per step
+        if (r.gpu != device or r.operator == "emb"  # the embedding runs once per step
+                or r.num_tokens not in FIT_TOKENS):
             continue
         key = (r.model, r.num_tensor_parallel_workers, r.num_tokens)
         times[key] += r.median_ms / 1e3

@@ -137,3 +137,20 @@ def test_validation_section_covers_every_machine_tp_and_phase():
         assert fit["fit_tp"] == [2, 4] and tp8["median_error"] < -0.1
     text = "\n".join(render_section(section))
     assert "| a100-80gb | 8 | token | 105 |" in text and "checked on TP 8" in text
+
+
+def test_the_slice_keeps_the_token_counts_the_fit_reads():
+    import importlib.util
+
+    from calibrate.gpu_data.export import REPO_DATA
+    from calibrate.gpu_vidur_fit import FIT_TOKENS
+
+    spec = importlib.util.spec_from_file_location("cut_gpu_slices",
+                                                  REPO_DATA / "cut_gpu_slices.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.VIDUR_TOKENS == FIT_TOKENS
+    counts = {(s.model, s.tp): set() for s in _samples("a100")}
+    for s in _samples("a100"):
+        counts[(s.model, s.tp)].add(s.num_tokens)
+    assert all(tokens == set(FIT_TOKENS) for tokens in counts.values())

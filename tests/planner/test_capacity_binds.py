@@ -49,22 +49,22 @@ search:
 analysis: {context_tokens: [512], decode_tokens_per_turn: [16], adapters_visited: [1]}
 """
 """30 requests/s of a Punica mix over 2 adapter slots. Priced by the shipped GPU profiles (both
-with their dense part fitted on vidur's operator times), a replica's TPOT p99 is about 11.1-11.4
-ms on an H100 and 16.9-17.3 ms on an A100 (cheaper per hour, slower per token) whatever the
+with their dense part fitted on vidur's operator times), a replica's TPOT p99 is about 11.3-11.6
+ms on an H100 and 17.1-17.5 ms on an A100 (cheaper per hour, slower per token) whatever the
 replica count; TTFT p99 (requests waiting for a slot) falls as replicas are added: H100
-3.18/2.65/1.45/1.13/0.79 s at 1-5 replicas, A100 5.62/3.08/3.59/3.22/1.87/1.30 s at 1-6 and
-never below 0.94 s up to 8."""
+3.20/2.34/1.63/1.19/0.95 s at 1-5 replicas, A100 5.63/5.66/4.42/3.23/2.29/1.96/1.48/1.08 s at
+1-8. Per dollar the H100 reaches any TTFT below 5.6 s more cheaply, so the A100 wins only
+where one replica of it is enough."""
 
 CASES = {
-    # TTFT binds: H100 x4 misses (1.13 s), x5 meets (0.79 s); no A100 count meets 0.9 s.
-    "ttft binds, five replicas": ("{ttft_p99_s: 0.9, tpot_p99_s: 0.05}", ("H100-SXM", 5)),
-    # TPOT binds: the A100's p99 TPOT (16.89-17.25 ms) misses 16.7 ms by about 1% at any
+    # TTFT binds: H100 x4 misses (1.19 s), x5 meets (0.95 s); no A100 count meets 1 s.
+    "ttft binds, five replicas": ("{ttft_p99_s: 1.0, tpot_p99_s: 0.05}", ("H100-SXM", 5)),
+    # TPOT binds: the A100's p99 TPOT (17.06-17.47 ms) misses 16.9 ms by about 1% at any
     # replica count, so the dearer H100 wins, one replica meeting the loose TTFT.
     "cheaper gpu misses tpot by a small margin": (
-        "{ttft_p99_s: 6.0, tpot_p99_s: 0.0167}", ("H100-SXM", 1)),
-    # Above the A100's TPOT, TTFT 1.35 s: six A100s (9.6 $/h, 1.30 s) beat four H100s
-    # (10.0 $/h, 1.13 s; three miss at 1.45 s); five A100s miss (1.87 s).
-    "cheaper gpu meets tpot": ("{ttft_p99_s: 1.35, tpot_p99_s: 0.0174}", ("A100-80GB", 6)),
+        "{ttft_p99_s: 6.0, tpot_p99_s: 0.0169}", ("H100-SXM", 1)),
+    # Above the A100's TPOT, TTFT 5.7 s: one A100 (1.6 $/h, 5.63 s) beats one H100 (2.5 $/h).
+    "cheaper gpu meets tpot": ("{ttft_p99_s: 5.7, tpot_p99_s: 0.0176}", ("A100-80GB", 1)),
 }
 
 
