@@ -113,8 +113,14 @@ def summary_table(rows: list[dict], baselines: list[dict]) -> str:
     lines = ["| router or reference | " + " | ".join(SUMMARY_SETTINGS) + " |",
              "|---|" + "---|" * len(SUMMARY_SETTINGS)]
     by_card: dict[str, dict[str, dict]] = {}
+    layers: dict[str, set[int]] = {}
     for r in rows:
-        by_card.setdefault(f"{r['router']} on {r['model']}", {})[r["setting"]] = r
+        layers.setdefault(f"{r['router']} on {r['model']}", set()).add(r["routing_layer"])
+    for r in rows:  # cards of one router and model at several layers: one row per layer
+        name = f"{r['router']} on {r['model']}"
+        if len(layers[name]) > 1:
+            name += f" layer {r['routing_layer']}"
+        by_card.setdefault(name, {})[r["setting"]] = r
     for name, found in by_card.items():
         lines.append(f"| {name} | " + " | ".join(
             f"{100 * found[s]['accuracy_mean']:.1f} +- {100 * found[s]['accuracy_std']:.1f}%"

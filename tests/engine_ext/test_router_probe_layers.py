@@ -163,3 +163,21 @@ def test_a_new_layer_card_keeps_the_decision_times_of_the_layer_25_card(tmp_path
     assert timing_source(args, "mol2-smollm2-l8") == tmp_path / "mol2-smollm2-l8.json"
     assert timing_source(SimpleNamespace(keep_timings=False, cards=tmp_path),
                          "mol2-smollm2-l8") is None
+
+
+def test_the_summary_gives_one_row_per_layer_when_a_router_has_cards_at_two_layers():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from bench_routers import summary_table
+
+    def row(layer: int, setting: str, acc: float) -> dict:
+        return {"router": "mol2", "model": "smollm2-135m", "routing_layer": layer,
+                "setting": setting, "accuracy_mean": acc, "accuracy_std": 0.01}
+
+    one = summary_table([row(25, "clinc_intents150", 0.7)], [])
+    assert "| mol2 on smollm2-135m | - | - | - | 70.0 +- 1.0% |" in one
+    two = summary_table([row(25, "clinc_intents150", 0.7), row(8, "clinc_intents150", 0.8)], [])
+    assert "| mol2 on smollm2-135m layer 25 | - | - | - | 70.0 +- 1.0% |" in two
+    assert "| mol2 on smollm2-135m layer 8 | - | - | - | 80.0 +- 1.0% |" in two
