@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 from bench.record import RESULTS_DIR, append_rows, load_results, results_dir  # noqa: E402
 
 MODULES = {
-    "sim/cost/cost_model.py": ["tests/sim/test_cost_model.py"],
+    "sim/cost/cost_model.py": ["tests/sim/test_cost_model.py", "tests/sim/test_lora_kernels.py",
+                               "tests/sim/test_fast_pricing.py"],
     "sim/memory/kv_blocks.py": ["tests/sim/test_kv_blocks.py"],
     "sim/engine/step_pricer.py": ["tests/sim/test_mixed_step_prices.py",
                                   "tests/sim/test_guarded_rules.py",

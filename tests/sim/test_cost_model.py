@@ -501,3 +501,39 @@ def test_adapter_load_is_a_fixed_cost_plus_bytes_over_the_achieved_bandwidth():
     assert adapter_load_s(coeffs, GPU, 1e9) == approx(
         1e-3 + 1e9 / (0.5 * GPU.pcie_bandwidth_bytes_per_s))
     assert adapter_load_s(CostCoeffs(), GPU, 1e9) == approx(1e9 / GPU.pcie_bandwidth_bytes_per_s)
+
+
+# ---- rules a mutation run found unguarded ----------------------------------------------------
+
+
+def test_many_routing_decisions_are_compute_bound():
+    # Head of 1000 weights, 1000 decisions: 2*1000*1000 = 2e6 FLOP -> 2e-6 s, above the 2000
+    # bytes' 2e-7 s: the head's FLOPs, not its weights, set the time.
+    profile = create_layer_costs(ARCH, GPU, num_head_params=1000)
+    batch = create_step_batch([], [], num_layers=2, num_routing_decisions=1000)
+    only(predict_step(UNIT, profile, batch), routing_s=2e-6)
+
+
+def test_all_reduces_run_at_the_communication_efficiency():
+    # As the TP test above at half the link's bandwidth: 2 * (3.2e-8 + 1e-6) per layer, two
+    # layers.
+    coeffs = UNIT.model_copy(update={"communication_latency_s": 1e-6,
+                                     "communication_efficiency": 0.5})
+    cost = step(ARCH, create_layer_costs(ARCH, GPU, 2), coeffs, new=[1], ctx=[100])
+    assert cost.communication_s == approx(2 * 2 * (3.2e-8 + 1e-6))
+
+
+def test_layer_overhead_counts_the_span_from_the_first_layer_any_item_runs():
+    # Eight layers; a step whose items run layers [2, 6) and [3, 8) spans 6 layers: 2..7.
+    arch = ModelArch(name="unit-dense-8", num_layers=8, **DIMS)
+    coeffs = UNIT.model_copy(update={"layer_overhead_s": 1e-4})
+    cost = step(arch, coeffs=coeffs, new=[1, 1], ctx=[5, 5], first_layer=[2, 3],
+                last_layer=[6, 8])
+    assert cost.overhead_s == approx(6e-4)
+
+
+def test_a_batch_built_without_adapter_ids_has_no_adapter_on_any_item():
+    # No adapter is -1, as in the engine's sequences: the default must be that, not any other
+    # negative number.
+    batch = create_step_batch([4, 1], [0, 9], num_layers=2)
+    assert batch.adapter_ids.tolist() == [-1, -1] and not batch.is_adapted.any()
