@@ -193,6 +193,7 @@ def fit_gpu(
     from calibrate.fitter import write_profile
     from calibrate.gpu_fit import PROFILE_NAME, create_h100_64gb_profile
     from calibrate.gpu_scaled import write_scaled_profiles
+    from calibrate.gpu_vidur_fit import write_vidur_profiles
 
     try:
         profile_ = create_h100_64gb_profile(root)
@@ -200,6 +201,7 @@ def fit_gpu(
         _fail(f"calibrate fit-gpu: {err}")
     out.mkdir(parents=True, exist_ok=True)
     write_profile(profile_, out / f"{PROFILE_NAME}.yaml")
+    write_vidur_profiles(profile_, out)
     write_scaled_profiles(profile_, out)
     for row in profile_.fit.errors:
         if row.group == "all":

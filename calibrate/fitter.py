@@ -68,6 +68,15 @@ def predict_samples(coeffs: CostCoeffs, samples: list[StepSample],
                      for s in samples])
 
 
+def error_row(split: str, group: str, measured, predicted) -> dict:
+    """Error summary of one group of predictions (the GPU fits' rows)."""
+    ape = np.abs(predicted - measured) / measured
+    ss_tot = float(((measured - measured.mean()) ** 2).sum())
+    r2 = 1 - float(((measured - predicted) ** 2).sum()) / ss_tot if ss_tot > 0 else 0.0
+    return dict(split=split, group=group, num_samples=int(measured.size),
+                mape=float(ape.mean()), median_ape=float(np.median(ape)), r2=min(r2, 1.0))
+
+
 def _error_rows(split: str, samples, measured, predicted) -> list[dict]:
     rows = []
     groups = sorted({s.group for s in samples})

@@ -157,9 +157,13 @@ def create_h100_64gb_profile(root: Path = DATA_DIR):
 def main() -> None:
     from calibrate.fitter import write_profile
     from calibrate.gpu_scaled import write_scaled_profiles
+    from calibrate.gpu_vidur_fit import write_vidur_profiles
 
     profile = create_h100_64gb_profile()
     write_profile(profile, PROFILES_DIR / f"{PROFILE_NAME}.yaml")
+    # Dense part fitted on vidur's operators, LoRA kernels scaled from this fit; then the
+    # GPU kinds with no data of their own, scaled.
+    write_vidur_profiles(profile, PROFILES_DIR)
     write_scaled_profiles(profile, PROFILES_DIR)
     for row in profile.fit.errors:
         if row.group == "all":

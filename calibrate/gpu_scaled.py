@@ -61,12 +61,10 @@ def scale_profile(source: CalibrationProfile, target_gpu: str, name: str) -> Cal
 
 
 def write_scaled_profiles(source: CalibrationProfile, folder: Path) -> list[Path]:
-    """Write every profile derived from the source next to it: those of `SCALED_PROFILES`,
-    and those whose dense part vidur fits (`calibrate.gpu_vidur_fit`; LoRA kernels scaled)."""
+    """Write the profiles of `SCALED_PROFILES`, derived from the source, next to it."""
     from calibrate.fitter import write_profile
-    from calibrate.gpu_vidur_fit import write_vidur_profiles
 
-    paths = write_vidur_profiles(source, folder)
+    paths = []
     for gpu, name in SCALED_PROFILES.items():
         path = Path(folder) / f"{name}.yaml"
         write_profile(scale_profile(source, gpu, name), path)

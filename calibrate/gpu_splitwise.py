@@ -95,18 +95,18 @@ def summarize(rows: list[dict]) -> list[dict]:
 def splitwise_error_rows(coeffs, gpu_kind: str, root: Path = SPLITWISE_DIR) -> list[dict]:
     """The profile's held-out rows (`FitErrorRow` fields) on Splitwise's steps of `gpu_kind`
     (power-capped runs left out): one per TP and phase, and "all"."""
-    from calibrate.gpu_vidur_fit import _error_row
+    from calibrate.fitter import error_row
 
     rows = [r for r in splitwise_rows({gpu_kind: coeffs}, root)
             if not r["hardware"].endswith("pcap")]
     out = []
     for tp, phase in sorted({(r["tp"], r["phase"]) for r in rows}):
         part = [r for r in rows if (r["tp"], r["phase"]) == (tp, phase)]
-        out.append(_error_row("test", f"splitwise:{MODEL}:tp{tp}:{phase}",
+        out.append(error_row("test", f"splitwise:{MODEL}:tp{tp}:{phase}",
                               np.array([r["measured_s"] for r in part]),
                               np.array([r["predicted_s"] for r in part])))
     if rows:
-        out.append(_error_row("test", "all", np.array([r["measured_s"] for r in rows]),
+        out.append(error_row("test", "all", np.array([r["measured_s"] for r in rows]),
                               np.array([r["predicted_s"] for r in rows])))
     return out
 

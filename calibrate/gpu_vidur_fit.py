@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
+from calibrate.fitter import error_row
 from sim.cost.layer_costs import create_layer_costs
 from sim.hardware.catalogue import get_gpu
 from sim.hardware.specs import GpuSpec, ModelArch
@@ -141,14 +142,6 @@ class TermFit:
     errors: list[dict]
 
 
-def _error_row(split: str, group: str, measured, predicted) -> dict:
-    ape = np.abs(predicted - measured) / measured
-    ss_tot = float(((measured - measured.mean()) ** 2).sum())
-    r2 = 1 - float(((measured - predicted) ** 2).sum()) / ss_tot if ss_tot > 0 else 0.0
-    return dict(split=split, group=group, num_samples=int(measured.size),
-                mape=float(ape.mean()), median_ape=float(np.median(ape)), r2=min(r2, 1.0))
-
-
 def _group_weights(groups: list) -> np.ndarray:
     """Per sample, one over the square root of its group's share: each group weighs alike
     (vidur's Llama-2-7B slice keeps every token count, the other models 20)."""
@@ -189,7 +182,7 @@ def fit_dense(samples: list[LayerSample], gpu: GpuSpec,
     for split, part in (("train", train), ("test", test)):
         for model in sorted({s.model for s in part}):
             chosen = [s for s in part if s.model == model]
-            errors.append(_error_row(split, f"vidur_layer:{model}",
+            errors.append(error_row(split, f"vidur_layer:{model}",
                                      np.array([s.measured_s for s in chosen]),
                                      DenseDesign.of(chosen, gpu).seconds(*x)))
     return TermFit(dict(zip(DENSE_TERMS, map(float, x), strict=True)), stderr, errors)
@@ -229,7 +222,7 @@ def fit_communication(records, network: str, gpu: GpuSpec) -> TermFit:
     for split, part in (("train", train), ("test", test)):
         for n in sorted({r.num_workers for r in part}):
             chosen = [r for r in part if r.num_workers == n]
-            errors.append(_error_row(split, f"vidur_all_reduce:{network}:tp{n}",
+            errors.append(error_row(split, f"vidur_all_reduce:{network}:tp{n}",
                                      np.array([r.median_ms / 1e3 for r in chosen]),
                                      predict(chosen, x)))
     return TermFit(dict(zip(COMM_TERMS, map(float, x), strict=True)), stderr, errors)
