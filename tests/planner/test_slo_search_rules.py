@@ -146,3 +146,26 @@ def test_a_replica_count_past_the_estimate_is_tried_up_to_the_extra_allowed():
     plan = search(_space(target_rate_per_s=8.0, seeds=(0,), rate_upper_bounds={H100: 2.0},
                          max_extra_replicas=2), evaluate, SLO)
     assert not plan.is_feasible and "more than 64 replicas or never verifies" in plan.reason
+
+
+def test_a_deployment_without_limits_carries_the_engines_defaults():
+    from planner.scenario.deployment import EngineConfig
+
+    engine = EngineConfig()
+    assert (H100.max_num_seqs, H100.max_loras) == (engine.max_num_seqs, engine.max_loras)
+
+
+def test_the_default_bisection_stops_once_the_bracket_is_within_five_percent():
+    # Capacity 10/s exactly, bound 80/s: the bracket starts at [5, 80] and halves in log space,
+    # so it stops with high / low in (sqrt(1.05), 1.05]: within the tolerance, not tighter.
+    def evaluate(d, rate, seed):
+        return {"e2e_p99_s": 0.5 if rate <= 10.0 else 5.0}
+
+    plan = search(_space(target_rate_per_s=10.0, seeds=(0,), rate_upper_bounds={H100: 80.0}),
+                  evaluate, SLO)
+    assert SearchSpace((), 1.0, {}).rate_tolerance == 0.05
+    capacity = plan.capacities[H100]
+    above = min(t.rate_per_s for t in plan.trials
+                if t.deployment.num_replicas == 1 and not t.meets_slo)
+    assert capacity <= 10.0 < above
+    assert math.sqrt(1.05) < above / capacity <= 1.05
