@@ -95,7 +95,7 @@ def fill(cache: LayerCache, by_sample: dict[str, dict[str, RoutingSet]]) -> None
         cache.fill(texts, engine, lambda t: turn_ids(tokenizer, t))
 
 
-def run(cache: LayerCache, by_sample, layers: list[int]) -> dict:
+def run(cache: LayerCache, by_sample, layers: list[int], poolings=POOLINGS) -> dict:
     """The sweep and the TF-IDF bar of every setting and sample, as a JSON document."""
     cells, bars = [], []
     for sample, sets in by_sample.items():
@@ -103,7 +103,8 @@ def run(cache: LayerCache, by_sample, layers: list[int]) -> dict:
             bar = tfidf_baseline(routing_set, sample=sample)
             bars.append(asdict(bar))
             print(bar, flush=True)
-            cells += [asdict(c) for c in sweep_setting(cache, routing_set, sample, layers)]
+            cells += [asdict(c) for c in sweep_setting(cache, routing_set, sample, layers,
+                                                           poolings)]
     return {"tfidf": bars, "cells": cells}
 
 
@@ -192,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, nargs="+", default=list(range(-1, 30)))
     parser.add_argument("--samples", nargs="+", choices=("heads", "full"),
                         default=["heads", "full"])
+    parser.add_argument("--poolings", nargs="+", choices=POOLINGS, default=list(POOLINGS))
     parser.add_argument("--fill-only", action="store_true")
     parser.add_argument("--out", type=Path, default=OUT_JSON)
     args = parser.parse_args(argv)
@@ -207,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
         fill(cache, by_sample)
         return
     start = time.process_time()
-    doc = run(cache, by_sample, args.layers)
+    doc = run(cache, by_sample, args.layers, tuple(args.poolings))
     doc["commands"] = ["python -m engine_ext.routers.probe_layers " + shlex.join(
         sys.argv[1:] if argv is None else argv)]
     doc["probe_cpu_s"] = round(time.process_time() - start, 1)
