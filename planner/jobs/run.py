@@ -30,7 +30,7 @@ from planner.predict.analysis import run_comparisons, tidy
 from planner.predict.intervals import DEFAULT_CONFIDENCE, pricing_errors
 from planner.scenario.accuracy_notes import accuracy_notes
 from planner.scenario.loading import load_resolved
-from planner.scenario.resolved import ResolvedScenario, pricing_sources
+from planner.scenario.resolved import ResolvedScenario, gpu_pricing_source
 from planner.scenario.schema import Scenario
 from planner.scenario.workloads import OFFLINE_NOTE, is_offline
 from sim.io.files import file_name, write_atomic
@@ -92,6 +92,18 @@ ACCURACY_NOTE = ("The share of routed turns sent to the right adapter, as the si
 PRICING_NOTE = ("Which coefficients priced every step time below: a fitted profile (molcap "
                 "calibrate; its measured error is in the profile file and docs/validation.md) or "
                 "the assumed defaults of the GPU kind.")
+
+
+def _pricing_table(resolved: ResolvedScenario, plans: pd.DataFrame) -> pd.DataFrame:
+    """Which profile priced what: the simulation and comparisons on the scenario's GPU, and
+    each GPU kind a plan chose (every strategy on one GPU kind shares its pricing)."""
+    own = resolved.scenario.hardware.gpu_spec.name
+    rows = [{"numbers": f"simulation and comparisons on {own}",
+             "priced by": gpu_pricing_source(resolved, own)}]
+    chosen = [r["gpu"] for r in plans.to_dict("records") if r.get("is_feasible")]
+    for gpu in dict.fromkeys(chosen):
+        rows.append({"numbers": f"plans on {gpu}", "priced by": gpu_pricing_source(resolved, gpu)})
+    return pd.DataFrame(rows)
 
 
 def _sections(comparisons: dict[str, pd.DataFrame]) -> list[ReportSection]:
@@ -257,8 +269,7 @@ def run_scenario_file(
     if cut:  # the parquet table holds every turn; the CSV keeps the rows the report shows
         full = pd.concat([all_turns(r) for r in sims], ignore_index=True)
         write_atomic(out_dir / "tables" / "sim_turns.parquet", full.to_parquet(index=False))
-    pricing = pd.DataFrame([{"strategy": k, "priced by": v}
-                            for k, v in pricing_sources(resolved).items()])
+    pricing = _pricing_table(resolved, frames["plans"])
     sections = ([ReportSection("Capacity plan" if note == OFFLINE_NOTE else "Turn table", note)
                  for note in notes]
                 + [ReportSection("Cost profile", PRICING_NOTE, [], [pricing])]

@@ -108,8 +108,11 @@ class PricingSource:
         how = "shipped default for " + p.hardware.gpu if self.is_default else "named"
         if p.derivation:
             return f"profile {p.name} ({how}; {p.derivation})"
-        return (f"profile {p.name} ({how}; {p.engine.name} {p.engine.version} on "
-                f"{p.model}, fitted {p.created_utc[:10]}{error})")
+        # A profile fitted on published data names it (which part came from which dataset).
+        dataset = p.engine.settings.get("dataset")
+        fitted = f"fitted on {dataset}" if dataset else f"fitted {p.created_utc[:10]}"
+        return f"profile {p.name} ({how}; {p.engine.name} {p.engine.version} on {p.model}, " \
+               f"{fitted}{error})"
 
 
 def profile_mismatches(profile: CalibrationProfile, scenario: Scenario) -> list[str]:

@@ -158,3 +158,23 @@ def test_each_chosen_gpu_is_named_with_the_profile_that_prices_it(tmp_path):
     assert "h200-scaled" in gpu_pricing_source(scenario, "H200")
     assert "h20-scaled" in gpu_pricing_source(scenario, "H20")
     assert "h100-64gb-vllm085" in gpu_pricing_source(scenario, "H100-64GB")
+
+
+def test_the_reports_cost_profile_table_names_each_chosen_gpus_profile(tmp_path):
+    # The report priced the simulation on the scenario's GPU and the plans on the GPU kinds
+    # they chose: each gets its own row, naming its own profile (one row per GPU kind).
+    import pandas as pd
+
+    from planner.jobs.run import _pricing_table
+    from planner.scenario.resolved import as_resolved
+
+    resolved = as_resolved(load_scenario(scenario_file(tmp_path, gpu="H200",
+                                                       model="llama-3.1-8b")))
+    plans = pd.DataFrame([dict(gpu="H20", is_feasible=True), dict(gpu="H20", is_feasible=True),
+                          dict(gpu="A100-80GB", is_feasible=True),
+                          dict(gpu="H100-64GB", is_feasible=False)])
+    table = _pricing_table(resolved, plans)
+    assert list(table["numbers"]) == ["simulation and comparisons on H200", "plans on H20",
+                                      "plans on A100-80GB"]
+    assert ["h200-scaled" in table["priced by"][0], "h20-scaled" in table["priced by"][1],
+            "a100-80gb-vidur" in table["priced by"][2]] == [True] * 3
