@@ -145,8 +145,8 @@ def _plan_sections(plans: pd.DataFrame, trials: pd.DataFrame,
     runner_ups = trials[trials["kind"] == "runner_up"] if not trials.empty else trials
     at_target = trials[trials["kind"] == "trial"] if not trials.empty else trials
     feasible = plans["is_feasible"].astype(bool).any()
-    figures = [plan_latency_figure(plan_intervals(plans, scenario))] if feasible else []
-    figures += [pareto_figure(plan_intervals(at_target, scenario))] if not at_target.empty else []
+    figures = [plan_latency_figure(plan_intervals(plans, resolved))] if feasible else []
+    figures += [pareto_figure(plan_intervals(at_target, resolved))] if not at_target.empty else []
     table = people_plan_table(plans, errors, confidence)
     return [ReportSection("Capacity plan", text, figures, [table]),
             ReportSection("Runner-ups", "Other verified deployments, cheapest first."
@@ -171,7 +171,7 @@ def _verify_sections(path: Path, name: str) -> list[ReportSection]:
 
 
 def _sim_sections(summary: pd.DataFrame, turns: pd.DataFrame, timeseries: pd.DataFrame,
-                  scenario: Scenario) -> list[ReportSection]:
+                  resolved: ResolvedScenario) -> list[ReportSection]:
     if summary.empty:
         return []
     text = ("Every strategy simulated on the scenario's own hardware and workload: throughput, "
@@ -183,7 +183,7 @@ def _sim_sections(summary: pd.DataFrame, turns: pd.DataFrame, timeseries: pd.Dat
                  f"every number covers the turns finished inside the window, rates are over the "
                  f"window, and num_turns_unfinished_in_window counts the others (under overload "
                  f"the slowest turns are among them).")
-    charted = summary_intervals(summary, scenario)
+    charted = summary_intervals(summary, resolved)
     figures = [sim_latency_figure(charted), sim_figures.throughput_figure(charted)]
     if not turns.empty:
         figures += [sim_figures.latency_cdf_figure(turns, "ttft_s"),
@@ -220,15 +220,15 @@ def _collect(records: dict[str, dict]) -> tuple[dict[str, pd.DataFrame], dict[st
     return {k: pd.DataFrame(v) for k, v in frames.items()}, errors
 
 
-def _with_intervals(frames: dict[str, pd.DataFrame], scenario: Scenario) -> dict:
+def _with_intervals(frames: dict[str, pd.DataFrame], resolved: ResolvedScenario) -> dict:
     """The plan, trial and summary tables with their interval columns, so the table files
     (and a saved run read back) carry the interval every printed value has."""
     out = dict(frames)
     for name in ("plans", "plan_trials"):
         if not out[name].empty and "gpu" in out[name]:
-            out[name] = plan_intervals(out[name], scenario)
+            out[name] = plan_intervals(out[name], resolved)
     if not out["sim_summary"].empty:
-        out["sim_summary"] = summary_intervals(out["sim_summary"], scenario)
+        out["sim_summary"] = summary_intervals(out["sim_summary"], resolved)
     return out
 
 
@@ -254,7 +254,7 @@ def run_scenario_file(
                          backend=backend, num_workers=num_workers, ray_address=ray_address,
                          on_done=progress_counter(len(tasks), on_progress))
     frames, errors = _collect(records)
-    frames = _with_intervals(frames, scenario)
+    frames = _with_intervals(frames, resolved)
     sims = [r["result"] for k, r in records.items() if k.startswith("sim-") and r["status"] == "ok"]
     cut = turns_cut_note(sims)
     notes += (cut,) if cut else ()
@@ -277,7 +277,7 @@ def run_scenario_file(
                 + _plan_sections(frames["plans"], frames["plan_trials"], resolved)
                 + _verify_sections(out_dir / "verify" / "verify.json", scenario.name)
                 + _sim_sections(frames["sim_summary"], frames["sim_turns"],
-                                frames["sim_timeseries"], scenario)
+                                frames["sim_timeseries"], resolved)
                 + _sections(comparisons))
     if errors:
         failed = pd.DataFrame([{"point": k, "error": v} for k, v in errors.items()])

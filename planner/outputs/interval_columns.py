@@ -5,7 +5,10 @@ priced the row), and per row what widened it (`interval_source`), whether its pr
 validation at all (`interval_validated`), which profile (`interval_profile`) and at which
 confidence (`interval_confidence`). The figure builders and people's tables only read these
 columns; the pricing stays here. `molcap run` and `molcap sweep` write them into their table
-files, so a saved run shows its intervals without recomputing them."""
+files, so a saved run shows its intervals without recomputing them.
+
+Each function takes a `Scenario` (resolved on the spot, as the dashboard calls them) or the
+`ResolvedScenario` a run already holds, so a run's report resolves nothing again."""
 
 from __future__ import annotations
 
@@ -20,6 +23,10 @@ from planner.predict.intervals import (
     metric_interval,
     pricing_errors,
 )
+from planner.scenario.resolved import ResolvedScenario
+from planner.scenario.schema import Scenario
+
+ScenarioLike = Scenario | ResolvedScenario
 
 CHARTED = tuple(VALIDATED_METRIC) + ("goodput_turns_per_s",)
 """Metrics a chart may draw as bars: each gets interval columns where the table has it."""
@@ -58,41 +65,48 @@ def with_intervals(frame: pd.DataFrame, errors_by_gpu: Mapping[str, ProfileError
     return out
 
 
-def _confidence(scenario) -> float:
-    return scenario.search.confidence or DEFAULT_CONFIDENCE
+def _plain(scenario: ScenarioLike) -> Scenario:
+    return scenario.scenario if isinstance(scenario, ResolvedScenario) else scenario
 
 
-def summary_intervals(summary: pd.DataFrame, scenario) -> pd.DataFrame:
+def _confidence(scenario: ScenarioLike) -> float:
+    return _plain(scenario).search.confidence or DEFAULT_CONFIDENCE
+
+
+def summary_intervals(summary: pd.DataFrame, scenario: ScenarioLike) -> pd.DataFrame:
     """A simulation summary (the scenario's own GPU) with its interval columns."""
-    gpu = scenario.hardware.gpu_spec.name
+    gpu = _plain(scenario).hardware.gpu_spec.name
     return with_intervals(summary, {gpu: pricing_errors(scenario, gpu)}, _confidence(scenario),
                           default_gpu=gpu)
 
 
-def plan_intervals(plans: pd.DataFrame, scenario) -> pd.DataFrame:
+def plan_intervals(plans: pd.DataFrame, scenario: ScenarioLike) -> pd.DataFrame:
     """Plan rows (each on its own GPU kind) with their interval columns."""
     gpus = plans["gpu"].dropna().unique() if "gpu" in plans else []
     errors = {gpu: pricing_errors(scenario, gpu) for gpu in gpus}
     return with_intervals(plans, errors, _confidence(scenario))
 
 
-def variants_intervals(stacked: pd.DataFrame, scenarios: Mapping[str, object]) -> pd.DataFrame:
+def variants_intervals(stacked: pd.DataFrame,
+                       scenarios: Mapping[str, ScenarioLike]) -> pd.DataFrame:
     """Stacked variant summaries (column `variant`), each variant priced by its own scenario."""
     parts = [summary_intervals(group, scenarios[str(variant)])
              for variant, group in stacked.groupby("variant", sort=False)]
     return pd.concat(parts) if parts else stacked
 
 
-def sweep_intervals(table: pd.DataFrame, scenarios: Mapping[str, object]) -> pd.DataFrame:
+def sweep_intervals(table: pd.DataFrame,
+                    scenarios: Mapping[str, ScenarioLike]) -> pd.DataFrame:
     """A sweep table (column `point`) with interval columns, each point priced by its own
-    scenario (`scenarios`: point key -> Scenario): a swept GPU kind or profile changes the
-    measured error that widens its interval."""
+    scenario (`scenarios`: point key -> its scenario or resolution): a swept GPU kind or
+    profile changes the measured error that widens its interval."""
     errors: dict[tuple, ProfileErrors | None] = {}
     parts = []
     for point, group in table.groupby("point", sort=False):
         scenario = scenarios[str(point)]
-        gpu = scenario.hardware.gpu_spec.name
-        key = (gpu, scenario.hardware.model_dump_json())
+        hardware = _plain(scenario).hardware
+        gpu = hardware.gpu_spec.name
+        key = (gpu, hardware.model_dump_json())
         if key not in errors:  # one validation file read per distinct hardware, not per point
             errors[key] = pricing_errors(scenario, gpu)
         parts.append(with_intervals(group, {gpu: errors[key]}, _confidence(scenario),

@@ -44,6 +44,18 @@ def scenario_file(tmp_path) -> Path:
     return path
 
 
+def _count_resolve_pricing(monkeypatch) -> list[str]:
+    calls: list[str] = []
+    real = resolved_module.resolve_pricing
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(resolved_module, "resolve_pricing", counted)
+    return calls
+
+
 def test_resolution_holds_the_pricing_of_every_gpu_the_search_may_choose(scenario_file):
     resolved = load_resolved(scenario_file)
     assert list(resolved.pricing) == ["H100-64GB", "H20"]
@@ -75,14 +87,7 @@ def test_workers_over_the_process_backend_read_the_resolved_object(scenario_file
 def test_a_run_calls_resolve_pricing_once(scenario_file, tmp_path, monkeypatch):
     """Counted in this process (inline backend): loading resolves, the comparisons, the
     simulations and every trial of the capacity search read the resolution."""
-    calls = []
-    real = resolved_module.resolve_pricing
-
-    def counted(*args, **kwargs):
-        calls.append(args[0].name)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(resolved_module, "resolve_pricing", counted)
+    calls = _count_resolve_pricing(monkeypatch)
     from planner.predict.analysis import run_comparisons
 
     resolved = load_resolved(scenario_file)
@@ -91,4 +96,17 @@ def test_a_run_calls_resolve_pricing_once(scenario_file, tmp_path, monkeypatch):
     records = run_points(tasks, point_function(resolved), PointStore(tmp_path / "points"),
                          backend="inline")
     assert all(r["status"] == "ok" for r in records.values())
+    assert calls == ["tiny_resolved"]
+
+
+def test_a_whole_run_with_its_report_calls_resolve_pricing_once(scenario_file, tmp_path,
+                                                                monkeypatch):
+    """`molcap run` end to end (inline backend, so every point counts here): the interval
+    columns of the tables and the report's charts read the run's resolution too."""
+    from planner.jobs.run import run_scenario_file
+
+    calls = _count_resolve_pricing(monkeypatch)
+    result = run_scenario_file(scenario_file, tmp_path / "out", backend="inline")
+    assert result.errors == {} and result.report_path.exists()
+    assert "interval_profile" in result.plans
     assert calls == ["tiny_resolved"]
