@@ -14,7 +14,11 @@ from planner.outputs.sim_figures import (
     with_note,
 )
 
-_LAYOUT = dict(template="plotly_white", height=420, legend_title_text="strategy")
+_TEMPLATE = "plotly_white"
+_LAYOUT = dict(template=_TEMPLATE, height=420, legend_title_text="strategy")
+_PX_LAYOUT = {k: v for k, v in _LAYOUT.items() if k != "template"}
+"""`_LAYOUT` for a plotly express figure, which takes its template as an argument: setting it
+again afterwards copies the whole template a second time, a third of a figure's build."""
 
 
 def _colors(df: pd.DataFrame) -> dict[str, str]:
@@ -29,8 +33,8 @@ def kv_per_conversation_figure(df: pd.DataFrame) -> go.Figure:
                   labels={"context_tokens": "context (tokens)",
                           "kv_gib": "KV per conversation (GiB)",
                           "adapters_visited": "adapters visited"},
-                  title="KV memory per conversation")
-    return fig.update_layout(**_LAYOUT)
+                  template=_TEMPLATE, title="KV memory per conversation")
+    return fig.update_layout(**_PX_LAYOUT)
 
 
 def switch_cost_figure(df: pd.DataFrame) -> go.Figure:
@@ -39,8 +43,9 @@ def switch_cost_figure(df: pd.DataFrame) -> go.Figure:
                   color="strategy", markers=True, log_x=True, log_y=True,
                   hover_data=["mechanism"], color_discrete_map=_colors(df),
                   labels={"context_tokens": "context (tokens)", "switch_s": "switch cost (s)"},
+                  template=_TEMPLATE,
                   title="Cost of one domain switch (handoff vs bounded replay vs re-prefill)")
-    return fig.update_layout(**_LAYOUT)
+    return fig.update_layout(**_PX_LAYOUT)
 
 
 def routing_vs_reply_figure(df: pd.DataFrame) -> go.Figure:
@@ -49,8 +54,9 @@ def routing_vs_reply_figure(df: pd.DataFrame) -> go.Figure:
                   markers=True, log_x=True, color_discrete_map=_colors(df),
                   labels={"decode_tokens_per_turn": "tokens decoded per turn (tokens)",
                           "routing_share": "routing share of the turn (%)"},
+                  template=_TEMPLATE,
                   title="Routing overhead vs reply length (one decision per turn)")
-    return fig.update_layout(yaxis_tickformat=".0%", **_LAYOUT)
+    return fig.update_layout(yaxis_tickformat=".0%", **_PX_LAYOUT)
 
 
 def routing_vs_frequency_figure(df: pd.DataFrame) -> go.Figure:
@@ -60,8 +66,8 @@ def routing_vs_frequency_figure(df: pd.DataFrame) -> go.Figure:
                   color_discrete_map=_colors(df),
                   labels={"decision_every_tokens": "a decision (and switch) every k tokens",
                           "routing_and_switch_share": "share of time routing and switching (%)"},
-                  title="Routing and switching overhead vs decision frequency")
-    return fig.update_layout(yaxis_tickformat=".0%", **_LAYOUT)
+                  template=_TEMPLATE, title="Routing and switching overhead vs decision frequency")
+    return fig.update_layout(yaxis_tickformat=".0%", **_PX_LAYOUT)
 
 
 def decode_step_figure(df: pd.DataFrame) -> go.Figure:
@@ -71,8 +77,8 @@ def decode_step_figure(df: pd.DataFrame) -> go.Figure:
                   hover_data=["lora_s", "direft_s", "attention_s", "dense_gemm_s"],
                   labels={"distinct_adapters": "distinct adapters in the decode batch",
                           "step_s": "decode step (s)"},
-                  title="Decode step time vs adapter mix (multi-LoRA vs PreFT)")
-    return fig.update_layout(**_LAYOUT)
+                  template=_TEMPLATE, title="Decode step time vs adapter mix (multi-LoRA vs PreFT)")
+    return fig.update_layout(**_PX_LAYOUT)
 
 
 COMPARISON_FIGURES = {
@@ -112,9 +118,10 @@ def pareto_figure(trials: pd.DataFrame) -> go.Figure:
                      | {"plus": False, "minus": False},
                      labels={"cost_per_hour_usd": "cost (USD per hour)",
                              "e2e_p99_s": "p99 end-to-end per turn (s)"},
+                     template=_TEMPLATE,
                      title=with_note("Deployments tried at the target rate: cost vs p99 latency",
                                      interval_note(data, ["e2e_p99_s"])))
-    return fig.update_layout(**_LAYOUT)
+    return fig.update_layout(**_PX_LAYOUT)
 
 
 _PERCENTILE_NAMES = {"ttft_p50_s": "TTFT p50", "ttft_p99_s": "TTFT p99", "tpot_p50_s": "TPOT p50",
@@ -144,8 +151,8 @@ def _latency_bars(table: pd.DataFrame, cols: list[str], title: str) -> go.Figure
                  error_y="plus" if bars else None, error_y_minus="minus" if bars else None,
                  hover_data={"interval": True, "plus": False, "minus": False},
                  labels={"metric": "latency percentile", "seconds": "latency (s, log)"},
-                 title=with_note(title, interval_note(table, cols)))
-    return fig.update_layout(**_LAYOUT)
+                 template=_TEMPLATE, title=with_note(title, interval_note(table, cols)))
+    return fig.update_layout(**_PX_LAYOUT)
 
 
 def sim_latency_figure(summary: pd.DataFrame) -> go.Figure:
@@ -175,8 +182,9 @@ def plan_figure(plans: pd.DataFrame) -> go.Figure:
                                          "tpot_p99_s", "e2e_p99_s") if c in data],
                  labels={"cost_per_hour_usd": "cost of the cheapest deployment (USD per hour)",
                          "strategy": "strategy"},
+                 template=_TEMPLATE,
                  title="Capacity plan: cheapest deployment per strategy within the SLOs")
-    return fig.update_layout(showlegend=False, **_LAYOUT)
+    return fig.update_layout(showlegend=False, **_PX_LAYOUT)
 
 
 def variants_figure(summary: pd.DataFrame, metric: str, unit: str) -> go.Figure:
