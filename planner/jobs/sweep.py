@@ -15,20 +15,26 @@ from planner.outputs.sweep_figures import sweep_figures
 from planner.outputs.variant_tables import SWEEP_NOTE, people_sweep_table
 from planner.predict.analysis import strategy_summary
 from planner.predict.simulation import simulate_strategy
-from planner.scenario.resolved import resolve_scenario
+from planner.scenario.resolved import ResolvedScenario, resolve_scenario
 from planner.scenario.schema import Scenario
 from sim.io.files import file_name, write_atomic
 from sim.io.points import PointStore, PointTask, progress_counter, run_points
 
 
-def evaluate_point(payload: dict) -> list[dict]:
-    """One sweep point: validate and resolve its scenario (each point is a scenario of its
-    own, resolved once here) and summarise every strategy (JSON-able rows)."""
-    resolved = resolve_scenario(Scenario.model_validate(payload["scenario"]))
+def evaluate_point(payload: dict, resolved: ResolvedScenario | None = None) -> list[dict]:
+    """One sweep point: summarise every strategy of its scenario (JSON-able rows). `resolved`:
+    the point's scenario as the parent resolved it (`resolve_points`); None where that failed,
+    then resolving it here records the same error as the point's."""
+    if resolved is None:
+        resolved = resolve_scenario(Scenario.model_validate(payload["scenario"]))
     if payload["evaluate"] == "simulate":
         return [{"strategy": st.label, **simulate_strategy(resolved, i).summary}
                 for i, st in enumerate(resolved.scenario.strategies)]
     return strategy_summary(resolved).to_dict(orient="records")
+
+
+def _resolved_or_none(scenario: Scenario | ResolvedScenario) -> ResolvedScenario | None:
+    return scenario if isinstance(scenario, ResolvedScenario) else None
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,20 @@ def collect_table(records: dict[str, dict]) -> tuple[pd.DataFrame, dict[str, str
     return pd.DataFrame(rows), errors
 
 
+def resolve_points(points: list[tuple[str, dict, dict]]) -> dict[str, Scenario | ResolvedScenario]:
+    """Point key -> its scenario resolved once, here in the parent (each point is a scenario of
+    its own), so its worker re-validates nothing; a point that fails to resolve keeps its plain
+    scenario, and its worker records the error."""
+    out: dict[str, Scenario | ResolvedScenario] = {}
+    for key, _, data in points:
+        scenario = Scenario.model_validate(data)
+        try:
+            out[key] = resolve_scenario(scenario)
+        except Exception:  # noqa: BLE001 - the point's own error, recorded by its worker
+            out[key] = scenario
+    return out
+
+
 def run_sweep(
     spec_path: str | Path, out_root: str | Path = "out", *, backend: str = "local",
     num_workers: int | None = None, ray_address: str | None = None,
@@ -63,15 +83,16 @@ def run_sweep(
     """Run (or resume) a sweep; write points, the tidy table and the report under out/<name>/."""
     spec, points = load_sweep(spec_path)
     out_dir = Path(out_root) / file_name(spec.name)
-    tasks = [PointTask(key, {"params": params, "scenario": scenario, "evaluate": spec.evaluate})
+    resolved = resolve_points(points)
+    tasks = [PointTask(key, {"params": params, "scenario": scenario, "evaluate": spec.evaluate},
+                       given=_resolved_or_none(resolved[key]))
              for key, params, scenario in points]
     records = run_points(tasks, evaluate_point, PointStore(out_dir / "points"), backend=backend,
                          num_workers=num_workers, ray_address=ray_address,
                          on_done=progress_counter(len(tasks), on_progress))
     table, errors = collect_table(records)
     if not table.empty:  # each point's interval, priced by its own scenario
-        table = sweep_intervals(table, {key: Scenario.model_validate(scenario)
-                                        for key, _, scenario in points})
+        table = sweep_intervals(table, resolved)
     paths = write_table(table, out_dir / "sweep") if not table.empty else []
     failed = pd.DataFrame([{"point": k, "error": v} for k, v in errors.items()])
     fields = [p.field for p in spec.parameters]

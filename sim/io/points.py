@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,9 @@ from sim.io.files import write_atomic
 
 log = logging.getLogger("molcap")
 
-PointFn = Callable[[dict], dict]
-"""A top-level (picklable) function: point payload -> JSON-able result."""
+PointFn = Callable[..., dict]
+"""A top-level (picklable) function: point payload -> JSON-able result; called as
+fn(payload, given) for a task that carries a `given` object."""
 
 
 def content_digest(*parts: Any) -> str:
@@ -45,6 +46,9 @@ class PointTask:
 
     key: str
     payload: dict
+    given: Any = field(default=None, repr=False, compare=False)
+    """An object the parent already built from the payload (a resolved scenario), handed to
+    the function beside it so a worker need not rebuild it; never stored (None: none)."""
 
 
 class PointStore:
@@ -107,10 +111,10 @@ def progress_counter(total: int, on_progress: Callable[[int, int], None] | None)
     return on_done
 
 
-def _guarded(fn: PointFn, payload: dict) -> dict:
+def _guarded(fn: PointFn, payload: dict, given: Any = None) -> dict:
     """Run one point; turn an exception into an error record instead of killing the run."""
     try:
-        return {"status": "ok", "result": fn(payload)}
+        return {"status": "ok", "result": fn(payload) if given is None else fn(payload, given)}
     except Exception as err:  # noqa: BLE001 - a failing point must not stop the others
         last = traceback.format_exception_only(type(err), err)[-1].strip()
         return {"status": "error", "error": last}
@@ -148,7 +152,7 @@ def run_points(
         _run_local(todo, fn, finish, num_workers)
     elif backend == "inline":
         for task in todo:
-            finish(task, _guarded(fn, task.payload))
+            finish(task, _guarded(fn, task.payload, task.given))
     else:
         raise ValueError(f"backend={backend!r}; allowed: 'local', 'ray', 'inline'")
     return {t.key: records[t.key] for t in tasks}
@@ -214,7 +218,7 @@ def _run_local(todo: list[PointTask], fn: PointFn, finish, num_workers: int | No
                                initargs=(os.getpid(),))
     try:
         with _ctrl_c_held_back():  # the workers start here
-            futures = {pool.submit(_guarded, fn, t.payload): t for t in todo}
+            futures = {pool.submit(_guarded, fn, t.payload, t.given): t for t in todo}
         # as_completed, not a wait() loop: waiting on every pending future after each finish
         # costs the parent O(points^2), serial time that caps the speed-up of a big sweep.
         for future in as_completed(futures):
@@ -234,7 +238,8 @@ def _run_on_ray(todo: list[PointTask], fn: PointFn, finish, address: str | None)
                  ignore_reinit_error=True)
     try:
         remote = ray.remote(_guarded)
-        pending: dict[Any, PointTask] = {remote.remote(fn, t.payload): t for t in todo}
+        pending: dict[Any, PointTask] = {remote.remote(fn, t.payload, t.given): t
+                                         for t in todo}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:

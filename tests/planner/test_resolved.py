@@ -3,6 +3,7 @@ receive that object and resolve nothing again."""
 
 from __future__ import annotations
 
+import json
 import pickle
 import shutil
 from pathlib import Path
@@ -13,6 +14,7 @@ import planner.scenario.resolved as resolved_module
 from planner.jobs.strategy_points import point_function, scenario_tasks
 from planner.scenario.loading import load_resolved
 from planner.scenario.resolved import resolve_scenario
+from planner.scenario.schema import Scenario
 from sim.cost.profile import PROFILES_DIR
 from sim.io.points import PointStore, run_points
 
@@ -110,3 +112,57 @@ def test_a_whole_run_with_its_report_calls_resolve_pricing_once(scenario_file, t
     assert result.errors == {} and result.report_path.exists()
     assert "interval_profile" in result.plans
     assert calls == ["tiny_resolved"]
+
+
+@pytest.mark.parametrize("evaluate", ["simulate", "analysis"])
+def test_sweep_workers_over_the_process_backend_read_the_parents_resolution(
+        scenario_file, tmp_path, monkeypatch, evaluate):
+    """The parent resolves each point's scenario once; the profile file is gone before the
+    workers start, so a worker that validated and resolved its point again would fail to read
+    it and record the error. The stored payloads (and so the keys) stay plain JSON."""
+    import planner.jobs.sweep as sweep_module
+
+    real = sweep_module.resolve_points
+
+    def resolve_then_delete(points):
+        out = real(points)
+        (scenario_file.parent / "fitted.yaml").unlink()
+        return out
+
+    monkeypatch.setattr(sweep_module, "resolve_points", resolve_then_delete)
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(f"name: s\nscenario: {scenario_file.name}\nevaluate: {evaluate}\n"
+                    "parameters:\n  - {field: workload.arrival_rate_per_s, values: [1.0, 2.0]}\n",
+                    encoding="utf-8")
+    result = sweep_module.run_sweep(spec, tmp_path / "out", backend="local", num_workers=2)
+    assert result.errors == {} and result.num_points == 2
+    assert set(result.table["strategy"]) == {"multi_lora", "base"}
+    stored = sorted((tmp_path / "out" / "s" / "points").glob("*.json"))
+    assert len(stored) == 2
+    payload = json.loads(stored[0].read_text(encoding="utf-8"))["payload"]
+    assert set(payload) == {"params", "scenario", "evaluate"}
+    with pytest.raises(Exception, match="fitted.yaml"):  # what a re-resolving worker would meet
+        resolve_scenario(Scenario.model_validate(payload["scenario"]))
+
+
+def test_a_sweep_point_that_fails_to_resolve_records_its_error_and_the_others_run(
+        scenario_file, tmp_path, monkeypatch):
+    """Resolving in the parent does not stop the sweep at one bad point: that point's worker
+    meets the same error and records it, as when the workers resolved their points."""
+    import planner.jobs.sweep as sweep_module
+
+    real = sweep_module.resolve_scenario
+
+    def fails_at_rate_2(scenario, *args, **kwargs):
+        if scenario.workload.arrival_rate_per_s == 2.0:
+            raise ValueError("no pricing at rate 2")
+        return real(scenario, *args, **kwargs)
+
+    monkeypatch.setattr(sweep_module, "resolve_scenario", fails_at_rate_2)
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(f"name: s\nscenario: {scenario_file.name}\n"
+                    "parameters:\n  - {field: workload.arrival_rate_per_s, values: [1.0, 2.0]}\n",
+                    encoding="utf-8")
+    result = sweep_module.run_sweep(spec, tmp_path / "out", backend="inline")
+    assert list(result.errors.values()) == ["ValueError: no pricing at rate 2"]
+    assert set(result.table["workload.arrival_rate_per_s"]) == {1.0}
