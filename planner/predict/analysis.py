@@ -9,14 +9,17 @@ Each returns a tidy DataFrame; nothing here is hard-coded beyond the scenario's 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
+import numpy as np
 import pandas as pd
 
 from planner.scenario.pricing import StrategyCosting
 from planner.scenario.resolved import ResolvedScenario, as_resolved, create_strategy_costing
 from planner.scenario.schema import Scenario
 from sim.cost.cost_model import create_step_batch, predict_step
+from sim.cost.layer_costs import LayerCosts
 from sim.cost.memory_model import conversation_kv
 from sim.cost.phase_costs import decode_run_s, decode_step, prefill_s
 from sim.strategies.registry import get_strategy
@@ -165,8 +168,46 @@ def _batch_adapters(strategy, analysis) -> int:
     return min(_num_options(strategy), analysis.decode_batch_size)
 
 
+def _value_key(value) -> object:
+    """A hashable stand-in, equal for equal values: an array's bytes, a dataclass by its fields
+    (some compare by identity), an unhashable model (a GPU spec's sources dict) by its repr,
+    which prints every field in full."""
+    if isinstance(value, np.ndarray):
+        return value.dtype.str, value.shape, value.tobytes()
+    if dataclasses.is_dataclass(value):
+        return type(value).__name__, tuple((f.name, _value_key(getattr(value, f.name)))
+                                           for f in dataclasses.fields(value))
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+class _DecodeRuns:
+    """`decode_run_s` priced once per distinct input within one comparison: strategies whose
+    profiles are equal by value (the two MoL2 routings of one model, say) decode the same runs,
+    and a run is hundreds of `predict_step` calls. The function is pure, so a repeat returns
+    the very same float. Lives for one call, so the profiles it keys by id stay alive."""
+
+    def __init__(self) -> None:
+        self._profiles: dict[int, tuple] = {}
+        self._runs: dict[tuple, float] = {}
+
+    def _profile_key(self, profile: LayerCosts) -> tuple:
+        if id(profile) not in self._profiles:
+            self._profiles[id(profile)] = _value_key(profile)
+        return self._profiles[id(profile)]
+
+    def __call__(self, coeffs, profile: LayerCosts, **kwargs) -> float:
+        key = (self._profile_key(profile), _value_key(coeffs), tuple(sorted(kwargs.items())))
+        if key not in self._runs:
+            self._runs[key] = decode_run_s(coeffs, profile, **kwargs)
+        return self._runs[key]
+
+
 def _direct_turn_s(scenario: Scenario, strategy, costing: StrategyCosting,
-                   num_decode_tokens: int) -> float:
+                   num_decode_tokens: int, runs=decode_run_s) -> float:
     """A turn with the right adapter and no routing: prefill the user turn, decode the reply."""
     a = scenario.analysis
     if a.measured_turn_fixed_s is not None:
@@ -180,11 +221,11 @@ def _direct_turn_s(scenario: Scenario, strategy, costing: StrategyCosting,
                                    window_tokens=ced.sliding_window_tokens,
                                    layers=(0, ced.num_encoder_layers))
     # The prefill samples the first reply token; the decode steps make the rest.
-    return first + decode_run_s(c, p, num_tokens=num_decode_tokens - 1,
-                                num_context_tokens=ctx + a.num_query_tokens,
-                                batch_size=a.decode_batch_size,
-                                num_distinct_adapters=_batch_adapters(strategy, a),
-                                is_adapted=get_strategy(strategy.kind).is_decode_adapted)
+    return first + runs(c, p, num_tokens=num_decode_tokens - 1,
+                        num_context_tokens=ctx + a.num_query_tokens,
+                        batch_size=a.decode_batch_size,
+                        num_distinct_adapters=_batch_adapters(strategy, a),
+                        is_adapted=get_strategy(strategy.kind).is_decode_adapted)
 
 
 def routing_overhead(scenario: Scenario | ResolvedScenario) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -194,11 +235,12 @@ def routing_overhead(scenario: Scenario | ResolvedScenario) -> tuple[pd.DataFram
     a = scenario.analysis
     ctx = a.num_turn_context_tokens
     per_turn, per_k = [], []
+    runs = _DecodeRuns()
     for strategy, costing in _costings(resolved):
         decision = decision_time_s(scenario, strategy, costing, ctx)
         base = dict(_labels(strategy, costing), decision_s=decision)
         for tokens in a.decode_tokens_per_turn:
-            turn = _direct_turn_s(scenario, strategy, costing, tokens)
+            turn = _direct_turn_s(scenario, strategy, costing, tokens, runs)
             per_turn.append(dict(base, decode_tokens_per_turn=tokens, direct_turn_s=turn,
                                  routing_share=decision / (turn + decision)))
         tpot = _tpot_s(scenario, strategy, costing, ctx)
