@@ -37,6 +37,11 @@ MOL2_STEPS = {"clinc_domains10": 350, "clinc_intents150": 350}
 """About 5 epochs of 64 on CLINC150's 4,500 rows (domains4 and BANKING77 keep their rows: 100
 steps on 400, and 300 steps on 770 chosen on validation)."""
 
+MOL2_LAYER8 = (*MOL2_LARGE, "--mol2-steps", "350", "--route-layer", "8")
+"""MoL2 on SmolLM2 layer 8 (card mol2-smollm2-l8) on CLINC150, where the probe sweep
+(docs/router_probe_layers.md) finds the label best carried (150 intents; 10 domains: layer 9,
+93.6%, layer 8 93.1%, one card per layer); the same rows and steps as the layer-25 card."""
+
 
 def _train(router: str, *settings: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     return ("--routers", router, *(("--settings", *settings) if settings else ()), *extra)
@@ -46,6 +51,8 @@ CHAINS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (_train("mol2"), _train("mol2", "banking77", extra=CHOOSE_STEPS),
      *(_train("mol2", s, extra=(*MOL2_LARGE, "--mol2-steps", str(n)))
        for s, n in MOL2_STEPS.items()), _train("mol2_regimes")),
+    (_train("mol2", "clinc_intents150", extra=MOL2_LAYER8),),
+    (_train("mol2", "clinc_domains10", extra=MOL2_LAYER8),),
     (_train("l0", "clinc_intents150"),), (_train("l0", "banking77"),),
     (_train("l0", "domains4", "clinc_domains10"),),
     (_train("contextual_smollm2", "clinc_intents150"),),

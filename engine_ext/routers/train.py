@@ -125,7 +125,8 @@ def run_mol2(args, sets, backbone, card_name: str, router_key: str) -> None:
         row, head = m.mol2_setting(backbone, sets[name], args.seeds, CACHE_DIR / "heads",
                                    tuple(args.mol2_steps), timed.get(name))
         rows.append(row)
-        if name == VLLM_SETTING and backbone.name == MODEL_NAME:
+        # the vLLM test's heads read layer ROUTE_LAYER mean-pooled: only that card makes them
+        if name == VLLM_SETTING and card_name == "mol2-smollm2":
             m.save_head(head, args.heads / f"mol2_smollm2_{name}.safetensors")
             tasks = m.mol2_tasks(backbone, sets[name])
             control, _ = m.train_seeds(backbone.d_model, [m.shuffled(tasks["train"], 1)],
