@@ -125,6 +125,12 @@ def _accuracy_sections(scenario: Scenario) -> list[ReportSection]:
     return [ReportSection("Router accuracy", ACCURACY_NOTE, [], [table])]
 
 
+def _charted(table: pd.DataFrame, intervals: Callable, resolved: ResolvedScenario) -> pd.DataFrame:
+    """`table` with its interval columns: as `_with_intervals` already gave them in a run (not
+    computed a second time for the figures), else computed here."""
+    return table if "interval_confidence" in table else intervals(table, resolved)
+
+
 def _plan_sections(plans: pd.DataFrame, trials: pd.DataFrame,
                    resolved: ResolvedScenario) -> list[ReportSection]:
     if plans.empty:
@@ -145,8 +151,9 @@ def _plan_sections(plans: pd.DataFrame, trials: pd.DataFrame,
     runner_ups = trials[trials["kind"] == "runner_up"] if not trials.empty else trials
     at_target = trials[trials["kind"] == "trial"] if not trials.empty else trials
     feasible = plans["is_feasible"].astype(bool).any()
-    figures = [plan_latency_figure(plan_intervals(plans, resolved))] if feasible else []
-    figures += [pareto_figure(plan_intervals(at_target, resolved))] if not at_target.empty else []
+    figures = [plan_latency_figure(_charted(plans, plan_intervals, resolved))] if feasible else []
+    figures += ([pareto_figure(_charted(at_target, plan_intervals, resolved))]
+                if not at_target.empty else [])
     table = people_plan_table(plans, errors, confidence)
     return [ReportSection("Capacity plan", text, figures, [table]),
             ReportSection("Runner-ups", "Other verified deployments, cheapest first."
@@ -183,7 +190,7 @@ def _sim_sections(summary: pd.DataFrame, turns: pd.DataFrame, timeseries: pd.Dat
                  f"every number covers the turns finished inside the window, rates are over the "
                  f"window, and num_turns_unfinished_in_window counts the others (under overload "
                  f"the slowest turns are among them).")
-    charted = summary_intervals(summary, resolved)
+    charted = _charted(summary, summary_intervals, resolved)
     figures = [sim_latency_figure(charted), sim_figures.throughput_figure(charted)]
     if not turns.empty:
         figures += [sim_figures.latency_cdf_figure(turns, "ttft_s"),
