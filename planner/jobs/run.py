@@ -270,12 +270,11 @@ def run_scenario_file(
         write_atomic(out_dir / "plan.json", json.dumps(
             {"scenario": scenario.name, "plans": plans}, default=str).encode("utf-8"))
     tables = write_table(tidy(comparisons), out_dir / "comparisons")
+    # When cut, the parquet table holds every turn; the CSV keeps the rows the report shows.
+    full = {"sim_turns": pd.concat([all_turns(r) for r in sims], ignore_index=True)} if cut else {}
     for name, df in {**comparisons, **frames}.items():
         if not df.empty:
-            tables += write_table(df, out_dir / "tables" / name)
-    if cut:  # the parquet table holds every turn; the CSV keeps the rows the report shows
-        full = pd.concat([all_turns(r) for r in sims], ignore_index=True)
-        write_atomic(out_dir / "tables" / "sim_turns.parquet", full.to_parquet(index=False))
+            tables += write_table(df, out_dir / "tables" / name, full.get(name))
     pricing = _pricing_table(resolved, frames["plans"])
     sections = ([ReportSection("Capacity plan" if note == OFFLINE_NOTE else "Turn table", note)
                  for note in notes]

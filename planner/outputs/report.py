@@ -92,10 +92,13 @@ def render_html(title: str, subtitle: str, sections: list[ReportSection],
             f"<body>{''.join(parts)}</body></html>")
 
 
-def write_table(df: pd.DataFrame, stem: Path) -> list[Path]:
-    """Write a tidy table as parquet and CSV next to each other; return both paths."""
+def write_table(df: pd.DataFrame, stem: Path, parquet_rows: pd.DataFrame | None = None,
+                ) -> list[Path]:
+    """Write a tidy table as parquet and CSV next to each other; return both paths.
+    `parquet_rows`: what the parquet file holds when it keeps more rows than the CSV (a cut
+    turn table), written once instead of the CSV's rows first."""
     parquet, csv = stem.with_suffix(".parquet"), stem.with_suffix(".csv")
-    write_atomic(parquet, df.to_parquet(index=False))
+    write_atomic(parquet, (df if parquet_rows is None else parquet_rows).to_parquet(index=False))
     write_atomic(csv, df.to_csv(index=False).encode())
     return [parquet, csv]
 
