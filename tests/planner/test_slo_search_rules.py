@@ -169,3 +169,23 @@ def test_the_default_bisection_stops_once_the_bracket_is_within_five_percent():
                 if t.deployment.num_replicas == 1 and not t.meets_slo)
     assert capacity <= 10.0 < above
     assert math.sqrt(1.05) < above / capacity <= 1.05
+
+
+def test_the_seed_that_proves_a_miss_stops_the_point_whichever_it_is():
+    # Three seeds, limit 1 s: seeds 0 and 1 are fine, seed 2 alone at 4 s proves the mean
+    # misses; a point whose second seed proves it stops after two seeds.
+    latencies = {0: 0.5, 1: 4.0, 2: 0.5}
+    plan = search(_space(seeds=(0, 1, 2)), lambda d, rate, seed: {
+        "e2e_p99_s": latencies[seed]}, SLO)
+    assert plan.trials[0].num_seeds == 2 and not plan.trials[0].meets_slo
+
+
+def test_the_last_extra_replica_allowed_is_tried():
+    # The estimate (4) and the next two miss; 7 = 4 + 3 verifies with exactly 3 extra allowed.
+    def evaluate(d, rate, seed):
+        ok = rate <= 2.0 if d.num_replicas == 1 else d.num_replicas >= 7
+        return {"e2e_p99_s": 0.5 if ok else 5.0}
+
+    plan = search(_space(target_rate_per_s=8.0, seeds=(0,), rate_upper_bounds={H100: 2.0},
+                         max_extra_replicas=3), evaluate, SLO)
+    assert plan.chosen.deployment.num_replicas == 7
