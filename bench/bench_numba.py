@@ -123,6 +123,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--tiny", action="store_true", help="16/16, 200 requests, one repeat")
     parser.add_argument("--out", type=Path, help="also write the numbers as JSON here")
+    parser.add_argument("--record", action="store_true",
+                        help="append the row to bench/results/bench_numba.json")
     args = parser.parse_args()
     if args.tiny:
         args.config, args.requests, args.repeat = "16/16", 200, 1
@@ -149,6 +151,11 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))
+    if args.record:
+        from bench.record import append_rows
+
+        append_rows("bench_numba", [result],
+                    source="python bench/bench_numba.py " + " ".join(sys.argv[1:]))
     raise SystemExit(1 if mismatches else 0)
 
 
