@@ -282,6 +282,16 @@ def test_token_gather_prices_every_token_and_skips_the_shrink_without_adapted_to
     assert base.lora_s == 0.0
 
 
+def test_an_adapter_kind_read_from_a_file_prices_like_the_literal():
+    # A scenario's adapter kind is a string built at run time (YAML, JSON), not the interned
+    # literal: pricing compares it by value, so DiReFT read from a file is still DiReFT.
+    kind = "".join(["dir", "eft"])
+    assert kind == "direft" and kind is not "direft"  # noqa: F632 (the point of the test)
+    profile = lora_profile(kind, ((0, "q_proj"), (0, "v_proj"), (1, "o_proj")))
+    cost = step(ARCH, profile, new=[1], ctx=[5], adapter_ids=[0])
+    assert cost.direft_s == approx(2.56e-8)
+
+
 def test_direft_is_priced_by_edited_layers_positions_and_adapters_not_as_lora():
     coeffs = UNIT.model_copy(update={"direft_layer_overhead_s": 1e-6,
                                      "lora_launch_overhead_s": 1.0,
