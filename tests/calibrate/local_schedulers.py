@@ -8,6 +8,7 @@ with a slurm.conf written for this host, and jobs go through `sbatch`; the Ray h
 from __future__ import annotations
 
 import os
+import random
 import re
 import secrets
 import shutil
@@ -213,9 +214,18 @@ def start_ray(root: Path, ray_bin: Path, timeout_s: float = 300) -> tuple[RayHea
     # Ray's socket paths must stay under 107 bytes: a short temp folder of its own.
     temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
     log = (root / "ray-head.log").open("w")
+    # Every port on a free one, not Ray's fixed defaults: a second head on the machine (another
+    # test run beside this one) otherwise finds its job agent's port taken and refuses jobs
+    # ("No available agent to submit job").
+    ports = [f"--{name}={free_port()}" for name in (
+        "port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
+        "ray-client-server-port", "node-manager-port", "object-manager-port",
+        "runtime-env-agent-port")]
+    workers = random.randrange(20_000, 30_000, 100)
     proc = subprocess.Popen(
-        [str(ray_bin), "start", "--head", "--block", f"--port={free_port()}", "--num-cpus=2",
-         "--num-gpus=0", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+        [str(ray_bin), "start", "--head", "--block", *ports, f"--min-worker-port={workers}",
+         f"--max-worker-port={workers + 99}", "--num-cpus=2", "--num-gpus=0",
+         "--include-dashboard=true", "--dashboard-host=127.0.0.1",
          f"--dashboard-port={dashboard}", f"--temp-dir={temp}", "--disable-usage-stats"],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
