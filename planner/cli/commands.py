@@ -159,14 +159,16 @@ def _print_plan(result) -> None:
             console.print(f"  {row['strategy']:<22} infeasible: {row.get('reason')}")
     for key, message in result.errors.items():
         errors.print(f"point {key} failed: {message}", markup=False)
+    from planner.outputs.plan_table import chosen_gpu_pricing
     from planner.scenario.accuracy_notes import accuracy_notes
     from planner.scenario.resolved import gpu_pricing_source
 
-    # One line per GPU kind the plans chose (all strategies share a GPU kind's pricing).
-    chosen = [row["gpu"] for row in result.plans.to_dict("records") if row.get("is_feasible")]
-    for gpu in dict.fromkeys(chosen or [result.scenario.hardware.gpu_spec.name]):
-        console.print(f"  {gpu} priced by {gpu_pricing_source(result.resolved, gpu)}",
-                      markup=False)
+    # One line per GPU kind the plans chose; none chosen: the scenario's own GPU.
+    own = result.scenario.hardware.gpu_spec.name
+    pricing = (chosen_gpu_pricing(result.resolved, plans)
+               or {own: gpu_pricing_source(result.resolved, own)})
+    for gpu, source in pricing.items():
+        console.print(f"  {gpu} priced by {source}", markup=False)
     for label, note in accuracy_notes(result.scenario).items():
         console.print(f"  {label} {note}", markup=False)
     console.print(f"report: {result.report_path}")

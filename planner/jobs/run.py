@@ -24,13 +24,13 @@ from planner.outputs.plan_figures import (
     plan_latency_figure,
     sim_latency_figure,
 )
-from planner.outputs.plan_table import people_plan_table, people_summary_table
+from planner.outputs.plan_table import people_plan_table, people_summary_table, pricing_table
 from planner.outputs.report import ReportSection, render_html, timestamp, write_table
 from planner.predict.analysis import run_comparisons, tidy
 from planner.predict.intervals import DEFAULT_CONFIDENCE, pricing_errors
 from planner.scenario.accuracy_notes import accuracy_notes
 from planner.scenario.loading import load_resolved
-from planner.scenario.resolved import ResolvedScenario, gpu_pricing_source
+from planner.scenario.resolved import ResolvedScenario
 from planner.scenario.schema import Scenario
 from planner.scenario.workloads import OFFLINE_NOTE, is_offline
 from sim.io.files import file_name, write_atomic
@@ -92,18 +92,6 @@ ACCURACY_NOTE = ("The share of routed turns sent to the right adapter, as the si
 PRICING_NOTE = ("Which coefficients priced every step time below: a fitted profile (molcap "
                 "calibrate; its measured error is in the profile file and docs/validation.md) or "
                 "the assumed defaults of the GPU kind.")
-
-
-def _pricing_table(resolved: ResolvedScenario, plans: pd.DataFrame) -> pd.DataFrame:
-    """Which profile priced what: the simulation and comparisons on the scenario's GPU, and
-    each GPU kind a plan chose (every strategy on one GPU kind shares its pricing)."""
-    own = resolved.scenario.hardware.gpu_spec.name
-    rows = [{"numbers": f"simulation and comparisons on {own}",
-             "priced by": gpu_pricing_source(resolved, own)}]
-    chosen = [r["gpu"] for r in plans.to_dict("records") if r.get("is_feasible")]
-    for gpu in dict.fromkeys(chosen):
-        rows.append({"numbers": f"plans on {gpu}", "priced by": gpu_pricing_source(resolved, gpu)})
-    return pd.DataFrame(rows)
 
 
 def _sections(comparisons: dict[str, pd.DataFrame]) -> list[ReportSection]:
@@ -275,7 +263,7 @@ def run_scenario_file(
     for name, df in {**comparisons, **frames}.items():
         if not df.empty:
             tables += write_table(df, out_dir / "tables" / name, full.get(name))
-    pricing = _pricing_table(resolved, frames["plans"])
+    pricing = pricing_table(resolved, frames["plans"])
     sections = ([ReportSection("Capacity plan" if note == OFFLINE_NOTE else "Turn table", note)
                  for note in notes]
                 + [ReportSection("Cost profile", PRICING_NOTE, [], [pricing])]

@@ -13,6 +13,7 @@ import pandas as pd
 
 from planner.outputs.interval_columns import with_intervals
 from planner.predict.intervals import DEFAULT_CONFIDENCE, ProfileErrors
+from planner.scenario.resolved import ResolvedScenario, gpu_pricing_source
 
 LATENCIES = (("ttft_p99_s", "p99 TTFT", "s", 1.0), ("tpot_p99_s", "p99 TPOT", "ms", 1e3),
              ("e2e_p99_s", "p99 E2E", "s", 1.0))
@@ -136,4 +137,22 @@ def people_summary_table(charted: pd.DataFrame) -> pd.DataFrame:
             if metric in row:
                 out[name] = interval_cell(row, metric, scale, mark_seeds=True)
         rows.append(out)
+    return pd.DataFrame(rows)
+
+
+def chosen_gpu_pricing(resolved: ResolvedScenario, plans: pd.DataFrame) -> dict[str, str]:
+    """GPU kind -> the line naming the profile that priced it, for each GPU kind a feasible plan
+    chose, once each in plan order (every strategy on one GPU kind shares its pricing)."""
+    chosen = [row["gpu"] for row in plans.to_dict("records") if row.get("is_feasible")]
+    return {gpu: gpu_pricing_source(resolved, gpu) for gpu in dict.fromkeys(chosen)}
+
+
+def pricing_table(resolved: ResolvedScenario, plans: pd.DataFrame) -> pd.DataFrame:
+    """Which profile priced what: the simulation and comparisons on the scenario's GPU, and
+    each GPU kind a plan chose."""
+    own = resolved.scenario.hardware.gpu_spec.name
+    rows = [{"numbers": f"simulation and comparisons on {own}",
+             "priced by": gpu_pricing_source(resolved, own)}]
+    rows += [{"numbers": f"plans on {gpu}", "priced by": source}
+             for gpu, source in chosen_gpu_pricing(resolved, plans).items()]
     return pd.DataFrame(rows)

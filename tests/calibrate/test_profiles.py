@@ -165,7 +165,7 @@ def test_the_reports_cost_profile_table_names_each_chosen_gpus_profile(tmp_path)
     # they chose: each gets its own row, naming its own profile (one row per GPU kind).
     import pandas as pd
 
-    from planner.jobs.run import _pricing_table
+    from planner.outputs.plan_table import pricing_table
     from planner.scenario.resolved import as_resolved
 
     resolved = as_resolved(load_scenario(scenario_file(tmp_path, gpu="H200",
@@ -173,7 +173,7 @@ def test_the_reports_cost_profile_table_names_each_chosen_gpus_profile(tmp_path)
     plans = pd.DataFrame([dict(gpu="H20", is_feasible=True), dict(gpu="H20", is_feasible=True),
                           dict(gpu="A100-80GB", is_feasible=True),
                           dict(gpu="H100-64GB", is_feasible=False)])
-    table = _pricing_table(resolved, plans)
+    table = pricing_table(resolved, plans)
     assert list(table["numbers"]) == ["simulation and comparisons on H200", "plans on H20",
                                       "plans on A100-80GB"]
     assert ["h200-scaled" in table["priced by"][0], "h20-scaled" in table["priced by"][1],
