@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from planner.jobs.sweep_spec import SweepSpec, load_sweep
+from planner.jobs.sweep_spec import SweepPoint, SweepSpec, load_sweep
 from planner.outputs.interval_columns import sweep_intervals
 from planner.outputs.report import ReportSection, render_html, timestamp, write_table
 from planner.outputs.sweep_figures import sweep_figures
@@ -61,17 +61,16 @@ def collect_table(records: dict[str, dict]) -> tuple[pd.DataFrame, dict[str, str
     return pd.DataFrame(rows), errors
 
 
-def resolve_points(points: list[tuple[str, dict, dict]]) -> dict[str, Scenario | ResolvedScenario]:
-    """Point key -> its scenario resolved once, here in the parent (each point is a scenario of
-    its own), so its worker re-validates nothing; a point that fails to resolve keeps its plain
-    scenario, and its worker records the error."""
+def resolve_points(points: list[SweepPoint]) -> dict[str, Scenario | ResolvedScenario]:
+    """Point key -> its scenario (as `load_sweep` validated it) resolved once, here in the
+    parent (each point is a scenario of its own), so its worker re-validates nothing; a point
+    that fails to resolve keeps its validated scenario, and its worker records the error."""
     out: dict[str, Scenario | ResolvedScenario] = {}
-    for key, _, data in points:
-        scenario = Scenario.model_validate(data)
+    for point in points:
         try:
-            out[key] = resolve_scenario(scenario)
+            out[point.key] = resolve_scenario(point.model)
         except Exception:  # noqa: BLE001 - the point's own error, recorded by its worker
-            out[key] = scenario
+            out[point.key] = point.model
     return out
 
 
@@ -84,9 +83,9 @@ def run_sweep(
     spec, points = load_sweep(spec_path)
     out_dir = Path(out_root) / file_name(spec.name)
     resolved = resolve_points(points)
-    tasks = [PointTask(key, {"params": params, "scenario": scenario, "evaluate": spec.evaluate},
-                       given=_resolved_or_none(resolved[key]))
-             for key, params, scenario in points]
+    tasks = [PointTask(p.key, {"params": p.params, "scenario": p.scenario,
+                               "evaluate": spec.evaluate}, given=_resolved_or_none(resolved[p.key]))
+             for p in points]
     records = run_points(tasks, evaluate_point, PointStore(out_dir / "points"), backend=backend,
                          num_workers=num_workers, ray_address=ray_address,
                          on_done=progress_counter(len(tasks), on_progress))

@@ -11,7 +11,7 @@ import itertools
 import math
 import pickle
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import Field, ValidationError
 
@@ -48,6 +48,19 @@ class SweepSpec(FrozenModel):
     """grid: every combination; zip: the i-th values of every parameter together."""
     evaluate: Literal["analysis", "simulate"] = "analysis"
     """What each point computes: the analytical comparisons, or a simulation of every strategy."""
+
+
+class SweepPoint(NamedTuple):
+    """One expanded point of a sweep."""
+
+    key: str
+    """Its file-name key (`point_key`)."""
+    params: dict
+    """The varied fields' values at this point (dotted path -> value)."""
+    scenario: dict
+    """The whole scenario as plain JSON-able data (the stored payload, and so the key)."""
+    model: Scenario
+    """The same scenario validated: what the sweep resolves and runs, validated only here."""
 
 
 def _set_path(data: dict, path: str, value: Any) -> None:
@@ -89,8 +102,8 @@ def _combinations(spec: SweepSpec) -> list[tuple[tuple[int, ...], dict]]:
             for idx in indices]
 
 
-def load_sweep(path: str | Path) -> tuple[SweepSpec, list[tuple[str, dict, dict]]]:
-    """Read a sweep spec and expand it: (spec, [(key, params, scenario dict)]), all validated."""
+def load_sweep(path: str | Path) -> tuple[SweepSpec, list[SweepPoint]]:
+    """Read a sweep spec and expand it into its points, each scenario validated once."""
     path = Path(path)
     data, index = parse_yaml(read_text_file(path, "sweep spec"), str(path))
     try:
@@ -126,7 +139,7 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, list[tuple[str, dict, dict]
                          f"{given} gives an invalid scenario: {d}" for d in _details(err)]
             continue
         key = point_key(n, params, scenario, spec.evaluate, input_files_digest(model))
-        points.append((key, params, scenario))
+        points.append(SweepPoint(key, params, scenario, model))
     if problems:
         raise ScenarioError(problems)
     return spec, points

@@ -118,5 +118,5 @@ def test_sweep_point_keys_follow_the_trace_content(tmp_path):
     keys = []
     for output_tokens in (8, 16, 8):
         (tmp_path / "t.csv").write_text(_trace(output_tokens), encoding="utf-8")
-        keys.append([key for key, _, _ in load_sweep(tmp_path / "sweep.yaml")[1]])
+        keys.append([p.key for p in load_sweep(tmp_path / "sweep.yaml")[1]])
     assert keys[0] == keys[2] and set(keys[0]).isdisjoint(keys[1])

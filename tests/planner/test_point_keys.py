@@ -19,7 +19,7 @@ SPEC = ("name: keys\nscenario: tiny.yaml\nparameters:\n"
 def sweep_keys(folder) -> list[str]:
     spec = folder / "sweep.yaml"
     spec.write_text(SPEC, encoding="utf-8")
-    return [key for key, _, _ in load_sweep(spec)[1]]
+    return [p.key for p in load_sweep(spec)[1]]
 
 
 def test_a_new_model_version_changes_every_key(tmp_path, monkeypatch):

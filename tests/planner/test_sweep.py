@@ -46,10 +46,25 @@ def test_grid_expands_every_combination(tmp_path):
                  "  - {field: analysis.num_turn_context_tokens, values: [1024, 2048, 4096]}\n"
                  "  - {field: hardware.gpu, values: [H100-SXM, H200]}\n")
     _, points = load_sweep(spec)
-    assert len(points) == 6 and len({key for key, _, _ in points}) == 6
-    assert {(p["analysis.num_turn_context_tokens"], p["hardware.gpu"]) for _, p, _ in points} == {
+    assert len(points) == 6 and len({p.key for p in points}) == 6
+    assert {(p.params["analysis.num_turn_context_tokens"], p.params["hardware.gpu"])
+            for p in points} == {
         (c, g) for c in (1024, 2048, 4096) for g in ("H100-SXM", "H200")}
-    assert all(s["hardware"]["gpu"] == p["hardware.gpu"] for _, p, s in points)
+    assert all(p.scenario["hardware"]["gpu"] == p.params["hardware.gpu"] for p in points)
+
+    # Each point's scenario is validated once, at load: resolving the points reads that
+    # validation and validates nothing again.
+    from planner.jobs.sweep import resolve_points
+    from planner.scenario.schema import Scenario
+
+    assert all(p.model == Scenario.model_validate(p.scenario) for p in points)
+    calls = []
+    real = Scenario.model_validate.__func__
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Scenario, "model_validate",
+                      classmethod(lambda cls, *a, **k: calls.append(1) or real(cls, *a, **k)))
+        resolved = resolve_points(points)
+    assert calls == [] and [r.scenario for r in resolved.values()] == [p.model for p in points]
 
 
 def test_star_sets_a_field_on_every_strategy(tmp_path):
