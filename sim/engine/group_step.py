@@ -64,15 +64,7 @@ def schedule_group_preempting(engine, plan: StepPlan, budget: int,
     for seq, need in sorted((e for e in needs if e[1] > 0), key=lambda e: orders[e[0]]):
         if seq not in group:
             break  # preempted from the back: so are the members after it
-        if need > kv.num_free - unallocated:
-            kv.allocate(unallocated)
-            unallocated = 0
-            while need > kv.num_free and running[-1] is not seq:
-                engine._preempt(running[-1], plan)
-            if need > kv.num_free:
-                engine._preempt(seq, plan)
-                continue
-        unallocated += need
+        unallocated = engine._preempt_to_fit(seq, need, unallocated, plan)
     m = len(group.members)
     budget -= m * engine.num_decode_compute_tokens
     i = m
@@ -85,15 +77,9 @@ def schedule_group_preempting(engine, plan: StepPlan, budget: int,
             continue
         need = -(-(seq.num_computed_tokens + num_new) // bs) - seq.num_blocks
         if need > 0:
-            if need > kv.num_free - unallocated:
-                kv.allocate(unallocated)
-                unallocated = 0
-                while need > kv.num_free and running[-1] is not seq:
-                    engine._preempt(running[-1], plan)
-                if need > kv.num_free:
-                    engine._preempt(seq, plan)
-                    continue
-            unallocated += need
+            unallocated = engine._preempt_to_fit(seq, need, unallocated, plan)
+            if not unallocated:
+                continue
             seq.num_blocks += need
         plan.prefills.append((seq, num_new))
         engine._note_prompt_end(seq, num_new, plan)

@@ -113,15 +113,9 @@ class Engine:
                 continue
             need = -(-(seq.num_computed_tokens + num_new) // bs) - seq.num_blocks
             if need > 0:
-                if need > kv.num_free - unallocated:
-                    kv.allocate(unallocated)
-                    unallocated = 0
-                    while need > kv.num_free and running[-1] is not seq:
-                        self._preempt(running[-1], plan)
-                    if need > kv.num_free:
-                        self._preempt(seq, plan)
-                        continue
-                unallocated += need
+                unallocated = self._preempt_to_fit(seq, need, unallocated, plan)
+                if not unallocated:
+                    continue
                 seq.num_blocks += need
             if is_prefilling:
                 plan.prefills.append((seq, num_new))
@@ -132,6 +126,24 @@ class Engine:
             i += 1
         kv.allocate(unallocated)
         return budget
+
+    def _preempt_to_fit(self, seq: Sequence, need: int, unallocated: int,
+                        plan: StepPlan) -> int:
+        """Make `need` (> 0) more blocks fit for running `seq`, `unallocated` blocks being
+        already promised to the sequences before it: if they do not fit, allocate the promised
+        ones and preempt from the back of the running list until they do, `seq` itself last.
+        The blocks still to allocate, `need` included; 0 when `seq` was preempted."""
+        kv = self.kv
+        if need > kv.num_free - unallocated:
+            kv.allocate(unallocated)
+            unallocated = 0
+            running = self.running
+            while need > kv.num_free and running[-1] is not seq:
+                self._preempt(running[-1], plan)
+            if need > kv.num_free:
+                self._preempt(seq, plan)
+                return 0
+        return unallocated + need
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         """Recompute preemption: drop the sequence's KV and queue it first (a group member
