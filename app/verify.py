@@ -15,12 +15,12 @@ re-checks without starting the engine again.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from planner.verify.checks import VerifyResult, strategy_entry, summarize
+from planner.verify.checks import VerifyResult, default_clock, strategy_entry, summarize
 from planner.verify.prepare import (
     TINY_MODEL,
     PlannedDeployment,
@@ -50,8 +50,10 @@ class VerifyOptions:
     """cpu or cuda; None: cpu when the scenario's GPU kind is `cpu`, else cuda."""
     num_requests: int = 32
     """Requests (turns) replayed per strategy."""
-    clock: str = "wall"
-    """wall (what a client sees) or cpu (the engine thread's CPU time: a shared machine)."""
+    clock: str | None = None
+    """wall (what a client sees) or cpu (the engine thread's CPU time: a shared machine); None:
+    the clock of the pricing profile's validation, the one its interval holds on
+    (`planner.verify.checks.default_clock`)."""
     model_path: Path | None = None
     """The model's Hugging Face folder; None builds the tiny Llama (vllm-tiny-llama only)."""
     adapters_dir: Path | None = None
@@ -64,6 +66,17 @@ class VerifyOptions:
 def resolve_device(scenario, device: str | None) -> str:
     """--device, or cpu for a plan on the `cpu` GPU kind and cuda otherwise."""
     return device or ("cpu" if scenario.hardware.gpu_spec.name == "cpu" else "cuda")
+
+
+def resolve_clock(options: VerifyOptions, errors, device: str) -> VerifyOptions:
+    """The options with the clock settled: --clock, else the pricing profile's (see
+    `default_clock`). A GPU's kernels are not the host thread's CPU time: the CPU clock is
+    refused on cuda."""
+    clock = options.clock or default_clock(errors, device)
+    if clock == "cpu" and device != "cpu":
+        raise ValueError(f"--clock cpu: the engine thread's CPU seconds miss the kernels of "
+                         f"--device {device}; use --clock wall there")
+    return replace(options, clock=clock)
 
 
 def selected(scenario, plans: list[PlannedDeployment],
@@ -151,6 +164,8 @@ def run_verify(scenario_path: Path, plan_path: Path | None, out: Path, options: 
     check_engine_installed(options.engine, device)
     plans = planned_deployments(scenario, Path(scenario_path), plan_path)
     chosen, skipped = selected(scenario, plans, options)
+    errors = {p.index: pricing_errors(scenario, p.deployment.gpu) for p in chosen}
+    options = resolve_clock(options, errors[chosen[0].index], device)
     out = Path(out)
     measured_part = {k: v for k, v in scenario.model_dump(mode="json").items()
                      if k not in ("slo", "description")}
@@ -185,9 +200,9 @@ def run_verify(scenario_path: Path, plan_path: Path | None, out: Path, options: 
         if record["status"] != "ok":
             result.failed.append(f"{planned.strategy}: {record['error']}")
             continue
-        errors = pricing_errors(scenario, planned.deployment.gpu)
         result.strategies.append(strategy_entry(record["result"], planned.plan_metrics,
-                                                planned.is_feasible, scenario.slo, errors))
+                                                planned.is_feasible, scenario.slo,
+                                                errors[planned.index]))
     write_outputs(result, scenario, out)
     return result
 

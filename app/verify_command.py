@@ -43,9 +43,10 @@ def verify(
         min=1, max=1_000_000, help="Requests replayed per strategy.")] = 32,
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Verify folder; default OUT/<name>/verify under ./out.")] = None,
-    clock: Annotated[str, typer.Option(
-        help="wall (what a client sees) or cpu (engine thread CPU time, a shared machine).")
-    ] = "wall",
+    clock: Annotated[str | None, typer.Option(
+        help="wall (what a client sees) or cpu (engine thread CPU time, a shared machine); "
+             "default: the clock of the pricing profile's validation, the one its interval "
+             "holds on (cpu for the CPU profile).")] = None,
     model_path: Annotated[Path | None, typer.Option(
         help="The model's Hugging Face folder (built here for vllm-tiny-llama only).")] = None,
     adapters: Annotated[Path | None, typer.Option(
@@ -58,7 +59,7 @@ def verify(
     plan promised is missed). Finished strategies are kept: rerun to resume."""
     if device not in (None, "cpu", "cuda"):
         _fail(f"--device: {device!r} is not allowed; allowed: cpu, cuda")
-    if clock not in ("wall", "cpu"):
+    if clock not in (None, "wall", "cpu"):
         _fail(f"--clock: {clock!r} is not allowed; allowed: wall, cpu")
     # vLLM logs every start-up step; a user's run shows its errors only unless asked.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")

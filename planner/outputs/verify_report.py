@@ -39,21 +39,38 @@ def _row_cells(row: dict) -> list[str]:
 
 
 HEADER = ["metric", "plan", "predicted", "interval (90%)", "measured", "error", "SLO", ""]
+CLOCKS = {"cpu": "the engine thread's CPU seconds", "wall": "what a client sees"}
+
+
+def header(entry: dict) -> list[str]:
+    """The table's header; the interval column names the clock it holds on."""
+    clock = entry.get("interval_clock")
+    return HEADER if clock is None else [
+        f"interval (90%, {clock} clock)" if h == "interval (90%)" else h for h in HEADER]
 
 
 def within_line(entry: dict) -> str:
-    """How many measurements fell inside the prediction's interval (none: no measured error)."""
+    """How many measurements fell inside the prediction's interval (none: no measured error);
+    a run timed on another clock than the interval's is not counted, and the line says why."""
     banded = [r for r in entry["rows"] if r.get("low") is not None]
     if not banded:
         return "  the pricing profile has no measured error: no interval on the predictions"
+    clock, ran = entry.get("interval_clock"), entry["clock"]
+    if not entry.get("is_like_for_like", True):
+        return (f"  not a like-for-like check: the interval is of the {clock} clock "
+                f"({CLOCKS.get(clock, clock)}: the clock of the pricing profile's validation) "
+                f"and this run was timed on the {ran} clock ({CLOCKS.get(ran, ran)}), so "
+                f"measurements are not counted against it; `--clock {clock}` gives a "
+                "like-for-like check")
     inside = sum(r["low"] <= r["measured"] <= r["high"] for r in banded)
     return (f"  measured inside the predicted 90% interval: {inside} of {len(banded)} metrics "
-            "(the interval is the pricing profile's held-out error on its validation)")
+            "(the interval is the pricing profile's held-out error on its validation, "
+            f"on the {clock or ran} clock like this run)")
 
 
 def strategy_table(entry: dict) -> str:
     """One strategy's comparison as aligned plain-text columns."""
-    cells = [HEADER] + [_row_cells(r) for r in entry["rows"]]
+    cells = [header(entry)] + [_row_cells(r) for r in entry["rows"]]
     widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                        for i, (c, w) in enumerate(zip(cell, widths, strict=True))).rstrip()

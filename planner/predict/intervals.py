@@ -42,6 +42,9 @@ class ProfileErrors:
     profile: str
     errors: Mapping[str, tuple[float, ...]]
     """Validation metric -> signed errors (predicted / measured - 1), one per workload."""
+    clock: str = "wall"
+    """The clock the validation timed the engine on: "cpu" (the engine thread's CPU seconds,
+    idle gaps skipped) or "wall". The interval holds for a measurement on this clock only."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,9 @@ def profile_errors(report: Mapping) -> ProfileErrors:
             continue
         if row.get("error") is not None and math.isfinite(row["error"]):
             errors.setdefault(metric, []).append(float(row["error"]))
-    return ProfileErrors(str(report["profile"]), {k: tuple(v) for k, v in errors.items()})
+    # A validation that names no clock (the GPU ones, imported from serving logs) is wall time.
+    return ProfileErrors(str(report["profile"]), {k: tuple(v) for k, v in errors.items()},
+                         clock=str(report.get("clock", "wall")))
 
 
 def ratio_band(errors: tuple[float, ...], confidence: float) -> tuple[float, float]:

@@ -105,12 +105,26 @@ class VerifyResult:
                 for c in s["slo_checks"] if not c["passed"]]
 
 
+def default_clock(errors: ProfileErrors | None, device: str) -> str:
+    """The clock a verify run is timed on unless told: the clock of the interval it is compared
+    with (the pricing profile's validation), else the one the profile's steps were measured on
+    (the engine thread's CPU seconds on a CPU, wall seconds on a GPU)."""
+    if errors is not None:
+        return errors.clock
+    return "cpu" if device == "cpu" else "wall"
+
+
 def strategy_entry(record: dict, plan_metrics: dict, is_promised: bool, slo,
                    errors: ProfileErrors | None = None) -> dict:
     """A stored measurement as the result's per-strategy entry (requests and steps dropped);
-    `errors`: the pricing profile's measured errors (the predictions' intervals)."""
+    `errors`: the pricing profile's measured errors (the predictions' intervals).
+    `interval_clock` is the clock those errors were measured on; `is_like_for_like` is False
+    when the run was timed on another clock, so the interval says nothing about it."""
     rows = compare_rows(record["predicted"], record["measured"], plan_metrics, slo, errors)
     checks = slo_checks(slo, record["records"], record["measured"])
     keep = {k: v for k, v in record.items()
             if k not in ("records", "steps", "scenario", "layer_costs", "cost_profile")}
-    return dict(keep, rows=rows, slo_checks=checks, is_promised=is_promised)
+    interval_clock = None if errors is None else errors.clock
+    return dict(keep, rows=rows, slo_checks=checks, is_promised=is_promised,
+                interval_clock=interval_clock,
+                is_like_for_like=interval_clock in (None, record["clock"]))

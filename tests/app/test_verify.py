@@ -74,8 +74,26 @@ def test_a_planned_scenario_verifies_with_measured_values_and_passes(verified):
     assert saved["missed_slos"] == [] and saved["failed"] == []
     assert "TTFT p99" in output and "E2E p99" in output and "pass" in output
     assert "host allocator: glibc, freed memory kept" in output
-    assert "interval (90%)" in output and "measured inside the predicted 90% interval" in output
+    # Timed on the clock of the profile's validation unless told: a like-for-like check.
+    assert entry["clock"] == "cpu" and entry["interval_clock"] == "cpu"
+    assert "interval (90%, cpu clock)" in output
+    assert "measured inside the predicted 90% interval" in output
     assert "Verified on a real engine" in (root / "verify" / "verify.html").read_text()
+
+
+def test_a_wall_clock_measurement_is_not_counted_against_the_cpu_clock_interval(verified):
+    from planner.outputs.verify_report import terminal_text
+    from planner.predict.intervals import pricing_errors
+    from planner.verify.checks import VerifyResult, strategy_entry
+
+    root, _ = verified
+    [point] = (root / "verify" / "points").glob("verify-*.json")
+    record = dict(json.loads(point.read_text())["result"], clock="wall")
+    scenario = load_scenario(root / "tiny.yaml")
+    entry = strategy_entry(record, {}, True, scenario.slo, pricing_errors(scenario, "cpu"))
+    text = terminal_text(VerifyResult("tiny_verify", strategies=[entry]))
+    assert "not a like-for-like check: the interval is of the cpu clock" in text
+    assert "measured inside" not in text and "`--clock cpu`" in text
 
 
 def test_an_slo_below_what_the_engine_does_fails_naming_it_without_a_new_engine(verified):
