@@ -84,6 +84,12 @@ def fit(
     for row in profile_.fit.errors:
         console.print(f"  {row.split:<5} {row.group:<12} n={row.num_samples:<5} "
                       f"MAPE {row.mape:6.1%}  median APE {row.median_ape:6.1%}  R² {row.r2:6.3f}")
+    if add_verify:
+        from calibrate.verify_samples import routing_notes
+
+        for run in add_verify:
+            for note in routing_notes(run, tuple(profile_.fit.fitted_terms)):
+                console.print(f"  note: {note}")
     console.print(f"profile: {path}")
 
 

@@ -64,3 +64,29 @@ def verify_samples(run: Path, gpu_kind: str) -> tuple[list[StepSample], dict]:
             record.get("layer_costs") or record["cost_profile"])  # cost_profile: older runs
         samples += [StepSample.from_json(s) for s in record["steps"]]
     return samples, profiles
+
+
+ROUTING_TERMS = ("routing_overhead_s",)
+"""Coefficients that price a routing decision (`sim.cost.cost_model.routing_decision_s`)."""
+
+
+def routing_notes(run: Path, fitted_terms: tuple[str, ...]) -> list[str]:
+    """What the fit does with the routing decisions a routed verify run measured: one line per
+    routed strategy of `run`, said rather than dropped silently. The timed steps do not record
+    which step ran a decision (the step timer sees the scheduler's batch, not the plugin's
+    head), so a decision's seconds stay inside the prefill step that ran it."""
+    has_term = bool(set(ROUTING_TERMS) & set(fitted_terms))
+    why = ("the routing term is fitted without them" if has_term else
+           "the fitter has no routing term, so routing_overhead_s keeps its value")
+    notes = []
+    for record in load_verify_runs(run):
+        routing = record.get("routing")
+        if not routing:
+            continue
+        probe = routing["probe"]
+        notes.append(
+            f"{run}: {record['strategy']!r}: its {int(routing['counts'].get('written', 0))} "
+            f"routing decisions ({probe['decision_s'] * 1e3:.3g} ms each as a client sees it, "
+            f"{probe.get('clock', record['clock'])} clock) are not fitted: {why}; their "
+            "seconds stay inside the prefill steps they ran in, priced as if no decision ran")
+    return notes

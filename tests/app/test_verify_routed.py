@@ -118,6 +118,21 @@ def test_a_routed_plan_verifies_with_every_request_routed_by_the_engine(verified
     assert "routed in the engine" in (root / "verify" / "verify.html").read_text()
 
 
+def test_fitting_a_routed_run_says_its_decisions_are_not_fitted(verified):
+    from calibrate.fitter import DEFAULT_TERMS, DIREFT_TERMS, LORA_TERMS
+    from calibrate.verify_samples import routing_notes, verify_samples
+
+    root, _, _, _ = verified
+    # The terms `molcap calibrate fit` fits: none prices a routing decision.
+    [note] = routing_notes(root / "verify", DEFAULT_TERMS + LORA_TERMS + DIREFT_TERMS)
+    assert f"'mol2': its {NUM_REQUESTS} routing decisions" in note
+    assert "not fitted: the fitter has no routing term" in note
+    [note] = routing_notes(root / "verify", ("routing_overhead_s",))
+    assert "the routing term is fitted without them" in note
+    samples, _ = verify_samples(root / "verify", "cpu")
+    assert all(s.num_routing_decisions == 0 for s in samples)  # what the note is about
+
+
 def test_the_same_command_resumes_without_a_new_engine(verified):
     root, scenario, plan, _ = verified
     points = sorted((root / "verify" / "points").glob("verify-*.json"))
