@@ -143,7 +143,8 @@ def measure_strategy(scenario, planned: PlannedDeployment, options: VerifyOption
                 num_kv_blocks=ran["num_kv_blocks"], clock=options.clock, device=device,
                 num_requests=len(ran["records"]), measured=summarize(ran["records"]),
                 predicted=predict_replay(point, index, workload, ran["num_kv_blocks"]),
-                records=ran["records"], steps=ran["steps"],
+                records=ran["records"], steps=ran["steps"], runner_s=ran["runner_s"],
+                runner_wall_s=ran["runner_wall_s"],
                 scenario=point.model_dump(mode="json"),
                 layer_costs=layer_costs_json(point, index))
 
@@ -200,11 +201,32 @@ def run_verify(scenario_path: Path, plan_path: Path | None, out: Path, options: 
         if record["status"] != "ok":
             result.failed.append(f"{planned.strategy}: {record['error']}")
             continue
-        result.strategies.append(strategy_entry(record["result"], planned.plan_metrics,
-                                                planned.is_feasible, scenario.slo,
-                                                errors[planned.index]))
+        entry = strategy_entry(record["result"], planned.plan_metrics, planned.is_feasible,
+                               scenario.slo, errors[planned.index])
+        entry["step_check"] = price_steps(record["result"], scenario, planned.deployment.gpu)
+        result.strategies.append(entry)
     write_outputs(result, scenario, out)
     return result
+
+
+def price_steps(record: dict, scenario, gpu_name: str) -> dict:
+    """The engine steps a run timed, priced one by one on the coefficients that priced its
+    prediction (`calibrate.step_check.check_steps`): per kind of step the median error, the
+    host share of the engine loop, and the runner's wall seconds over its seconds on the
+    samples' clock (above 1: the engine thread waited while others held the cores). A latency
+    miss with steps priced right is the scheduling; mispriced steps are the cost profile. {} for
+    a run stored without its runner times."""
+    from calibrate.step_check import check_steps
+    from calibrate.verify_samples import layer_costs_from_json
+    from planner.scenario.resolved import as_resolved
+
+    if not record.get("runner_s") or not record.get("steps"):
+        return {}
+    profiles = {record["steps"][0]["group"]: layer_costs_from_json(record["layer_costs"])}
+    checked = check_steps([dict(samples=record["steps"], runner_s=record["runner_s"])],
+                          as_resolved(scenario).coeffs(gpu_name), profiles)
+    return dict(checked, runner_wall_over_clock=sum(record["runner_wall_s"])
+                / max(sum(record["runner_s"]), 1e-12))
 
 
 def write_outputs(result: VerifyResult, scenario, out: Path) -> None:

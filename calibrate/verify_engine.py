@@ -255,10 +255,24 @@ def measure(engine_kwargs: dict, kind: str, adapters: list[Path], host: dict, co
         session.close()
     steps = session.step_samples(timings, group, device)
     out = dict(records=records, steps=[s.to_json() for s in steps],
-               num_kv_blocks=session.num_kv_blocks, allocator=session.allocator)
+               num_kv_blocks=session.num_kv_blocks, allocator=session.allocator,
+               **runner_seconds(timings, device))
     if router:
         out["routing"] = _routing_result(router, adapters, before, probe, records)
     return out
+
+
+def runner_seconds(timings, device: str) -> dict:
+    """Per timed step, the seconds inside vLLM's model runner (execute_model to sampled tokens,
+    adapter loads out) on the samples' clock (`runner_s`: the engine thread's CPU seconds on a
+    CPU, wall on a GPU) and on the wall clock (`runner_wall_s`). A sample's seconds run on to the
+    next step's start: the rest is the engine loop's host work (scheduling, output handling,
+    the client adding requests)."""
+    wall = [t.end_s - t.start_s - t.adapter_load_s for t in timings]
+    if device != "cpu":
+        return dict(runner_s=wall, runner_wall_s=wall)
+    return dict(runner_s=[t.cpu_end_s - t.cpu_start_s - t.adapter_load_cpu_s for t in timings],
+                runner_wall_s=wall)
 
 
 NUM_DECISION_PROBES = 8

@@ -94,6 +94,25 @@ def describe_run(entry: dict) -> str:
             f"deployment from {entry['source']}")
 
 
+def steps_line(entry: dict) -> list[str]:
+    """The engine's own steps priced one by one: is a latency miss the profile's price of the
+    steps (mispriced steps), the host work around them, or the cores others held?"""
+    check = entry.get("step_check")
+    if not check or not check.get("rows"):
+        return []
+    kinds = ", ".join(f"{r['kind']} x{1 / (1 + r['median_error']):.2f} ({r['num_steps']} steps)"
+                      for r in check["rows"])
+    # Steps are timed on the engine thread's CPU clock on a CPU whatever the run's clock.
+    seconds = CLOCKS["cpu"] if entry["device"] == "cpu" else "wall seconds"
+    line = (f"  engine steps priced one by one (measured / the profile's price, median; "
+            f"{seconds}): {kinds}; host work between steps {check['host_share']:.0%} of the "
+            "engine loop")
+    if entry["device"] == "cpu":
+        line += (f"; the model runner's wall time {check['runner_wall_over_clock']:.2f}x its "
+                 "CPU time (above 1: other processes held the cores)")
+    return [line]
+
+
 def routing_line(entry: dict) -> list[str]:
     """A routed strategy: where the router read, what it chose, and one decision's cost as the
     client saw it (routed minus named first-token time) against the simulator's."""
@@ -128,7 +147,7 @@ def terminal_text(result) -> str:
     lines = []
     for entry in result.strategies:
         lines += [describe_run(entry), strategy_table(entry), within_line(entry),
-                  *routing_line(entry), *slo_lines(entry), ""]
+                  *steps_line(entry), *routing_line(entry), *slo_lines(entry), ""]
     lines += [f"not verified: {s}" for s in result.skipped]
     lines += [f"failed: {s}" for s in result.failed]
     lines.append("plan: the deployment's seed mean (molcap run); predicted: the simulator on "
@@ -149,7 +168,7 @@ def verify_section(result):
     from planner.outputs.report import ReportSection
 
     text = " ".join(describe_run(e) + ". " + within_line(e).strip() + ". "
-                    + " ".join(s.strip() + "." for s in routing_line(e)) + " "
+                    + " ".join(s.strip() + "." for s in steps_line(e) + routing_line(e)) + " "
                     + " ".join(s.strip() for s in slo_lines(e))
                     for e in result.strategies)
     if result.skipped:

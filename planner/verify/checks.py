@@ -123,7 +123,8 @@ def strategy_entry(record: dict, plan_metrics: dict, is_promised: bool, slo,
     rows = compare_rows(record["predicted"], record["measured"], plan_metrics, slo, errors)
     checks = slo_checks(slo, record["records"], record["measured"])
     keep = {k: v for k, v in record.items()
-            if k not in ("records", "steps", "scenario", "layer_costs", "cost_profile")}
+            if k not in ("records", "steps", "scenario", "layer_costs", "cost_profile",
+                         "runner_s", "runner_wall_s")}
     interval_clock = None if errors is None else errors.clock
     return dict(keep, rows=rows, slo_checks=checks, is_promised=is_promised,
                 interval_clock=interval_clock,

@@ -78,6 +78,9 @@ def test_a_planned_scenario_verifies_with_measured_values_and_passes(verified):
     assert entry["clock"] == "cpu" and entry["interval_clock"] == "cpu"
     assert "interval (90%, cpu clock)" in output
     assert "measured inside the predicted 90% interval" in output
+    # The engine's own steps priced one by one beside the comparison.
+    assert entry["step_check"]["rows"][0]["num_steps"] > 0
+    assert "engine steps priced one by one" in output
     assert "Verified on a real engine" in (root / "verify" / "verify.html").read_text()
 
 
@@ -184,6 +187,9 @@ def test_a_verify_run_joins_the_calibration_samples(verified):
     assert any(r["group"] == "verify:multi_lora" for r in fitted.errors)
     with pytest.raises(ValueError, match=r"ran on GPU kind 'cpu'.*of 'H100-SXM'"):
         verify_samples(root / "verify", "H100-SXM")
+    from calibrate.verify_samples import routing_notes
+
+    assert routing_notes(root / "verify", DEFAULT_TERMS) == []  # nothing routed: no note
 
 
 def test_ctrl_c_stops_the_engine_and_keeps_the_finished_requests(tmp_path):
