@@ -7,13 +7,15 @@ time: the same numbers `states.pooled_states` gives at its route layer), and two
 each layer are kept:
 
 * `mean`: the mean over the turn's tokens (what MoL2 and Contextual MoL read today);
-* `last`: the state of the turn's last token (what a causal model has summarised by then).
+* `last`: the state of the turn's last token (what a causal model has summarised by then);
+* `max`: the per-dimension maximum over the turn's tokens (a keyword anywhere in the turn).
 
-Row 0 of a layer axis is the token embeddings, row i + 1 the output of decoder layer i.
-The cache is a folder of chunks (`chunk_<digest>.npz`: the texts and float32 arrays
-[layers + 1, n, D] per pooling); a text is looked up by content, so splits that share texts
-(a 30-per-class sample inside the whole training split) share their rows, and an interrupted
-pass resumes at the next chunk.
+Row 0 of a layer axis is the token embeddings, row i + 1 the output of decoder layer i. A cache
+may stop after `num_layers` decoder layers (a router reading layers up to L needs no more, and
+the pass costs in proportion). The cache is a folder of chunks (`chunk_<digest>.npz`: the
+texts and float32 arrays [layers + 1, n, D] per pooling); a text is looked up by content, so
+splits that share texts (a 30-per-class sample inside the whole training split) share their
+rows, and an interrupted pass resumes at the next chunk.
 """
 
 from __future__ import annotations
@@ -27,23 +29,26 @@ import torch
 
 from engine_ext.routing import pad_token_lists
 
-POOLINGS = ("mean", "last")
+POOLINGS = ("mean", "last", "max")
 CHUNK = 250
 """Texts per cache file (what an interrupted pass loses at most)."""
 
 
 def pool(h: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Both poolings of right-padded states h [B, T, D] with mask [B, T] -> {name: [B, D]}."""
+    """Every pooling of right-padded states h [B, T, D] with mask [B, T] -> {name: [B, D]}."""
     weights = mask.to(h.dtype).unsqueeze(-1)  # [B, T, 1]
     mean = (h * weights).sum(1) / weights.sum(1).clamp(min=1.0)
     last_pos = mask.long().sum(1).clamp(min=1) - 1  # [B]
     last = h[torch.arange(h.shape[0]), last_pos]
-    return {"mean": mean, "last": last}
+    peak = h.masked_fill(weights == 0, float("-inf")).amax(1)  # pads never win
+    return {"mean": mean, "last": last, "max": peak}
 
 
 @torch.no_grad()
-def all_layer_pooled(engine, ids: list[list[int]]) -> dict[str, torch.Tensor]:
-    """Pooled states of every layer of right-padded sequences: {pooling: [layers + 1, B, D]}.
+def all_layer_pooled(engine, ids: list[list[int]], num_layers: int | None = None
+                     ) -> dict[str, torch.Tensor]:
+    """Pooled states of the embeddings and the first `num_layers` decoder layers (all when
+    None) of right-padded sequences: {pooling: [num_layers + 1, B, D]}.
 
     Right padding is exact for a causal model: a real position never attends to a later pad.
     """
@@ -52,25 +57,27 @@ def all_layer_pooled(engine, ids: list[list[int]]) -> dict[str, torch.Tensor]:
     positions = torch.arange(tokens.shape[1])
     h = engine.hf.model.embed_tokens(tokens)  # [B, T, D]
     found = {name: [v] for name, v in pool(h, mask).items()}
-    for idx in range(len(engine.layers)):
+    for idx in range(len(engine.layers) if num_layers is None else num_layers):
         h = engine._run_layers(h, cache, idx, idx + 1, positions)
         for name, v in pool(h, mask).items():
             found[name].append(v)
     return {name: torch.stack(vs) for name, vs in found.items()}
 
 
-def _digest(texts: list[str]) -> str:
-    digest = hashlib.sha256(b"smollm2-135m-instruct|all-layers|v1")
+def _digest(texts: list[str], num_layers: int | None) -> str:
+    tag = "all-layers|v1" if num_layers is None else f"layers-{num_layers}|v2"
+    digest = hashlib.sha256(f"smollm2-135m-instruct|{tag}".encode())
     for t in texts:
         digest.update(t.encode() + b"\x1f")
     return digest.hexdigest()[:20]
 
 
 class LayerCache:
-    """Every layer's pooled states of the texts it has seen, by text."""
+    """Every layer's pooled states of the texts it has seen, by text (`num_layers`: the decoder
+    layers a fill runs, all when None; a folder holds one depth)."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = Path(folder)
+    def __init__(self, folder: Path, num_layers: int | None = None) -> None:
+        self.folder, self.num_layers = Path(folder), num_layers
         self._where: dict[str, tuple[Path, int]] = {}
         for path in sorted(self.folder.glob("chunk_*.npz")):
             with np.load(path) as f:
@@ -87,18 +94,19 @@ class LayerCache:
         todo = self.missing(texts)
         for start in range(0, len(todo), CHUNK):
             part = todo[start : start + CHUNK]
-            self._write(part, self._compute(part, engine, tokenize, batch))
+            self._write(part, self._compute(part, engine, tokenize, batch, self.num_layers))
             log(f"layer cache: {min(start + CHUNK, len(todo))}/{len(todo)} texts", flush=True)
         return len(todo)
 
     @staticmethod
-    def _compute(texts: list[str], engine, tokenize, batch: int) -> dict[str, np.ndarray]:
+    def _compute(texts: list[str], engine, tokenize, batch: int, num_layers: int | None
+                 ) -> dict[str, np.ndarray]:
         ids = [tokenize(t) for t in texts]
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         out: dict[str, np.ndarray] = {}
         for start in range(0, len(ids), batch):
             pick = order[start : start + batch]
-            for name, v in all_layer_pooled(engine, [ids[i] for i in pick]).items():
+            for name, v in all_layer_pooled(engine, [ids[i] for i in pick], num_layers).items():
                 if name not in out:
                     out[name] = np.empty((v.shape[0], len(ids), v.shape[2]), np.float32)
                 out[name][:, pick] = v.numpy()
@@ -106,7 +114,7 @@ class LayerCache:
 
     def _write(self, texts: list[str], arrays: dict[str, np.ndarray]) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / f"chunk_{_digest(texts)}.npz"
+        path = self.folder / f"chunk_{_digest(texts, self.num_layers)}.npz"
         tmp = path.with_name(f"tmp_{os.getpid()}_{path.name}")  # not matched by chunk_*
         np.savez(tmp, texts=np.array(texts), **arrays)
         tmp.replace(path)

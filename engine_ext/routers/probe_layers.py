@@ -9,9 +9,13 @@ whole official training split (`full`, when $MOLCAP_DATA_DIR provides it). The T
 of the same sample is the bar.
 
     python -m engine_ext.routers.probe_layers --cache-dir CACHE [--fill-only]
+    python -m engine_ext.routers.probe_layers --features [--fill-only]
 
 The states are computed once (`--fill-only` runs only the pass: test rows first, then the heads'
-sample, then the rest of the training split) and every probe reads the cache.
+sample, then the rest of the training split) and every probe reads the cache. `--features`
+probes the multi-layer feature sets of `probe_features` instead of single layers (from a cache
+that stops at probe_features.MAX_LAYER) and adds the probe-vs-TF-IDF learning curves; both kinds
+of result share one JSON and one table.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine_ext.routers import probe_features as pf
 from engine_ext.routers.baselines import ALL_ROWS, create_probe, tfidf_baseline
 from engine_ext.routers.datasets import RoutingSet
 from engine_ext.routers.layer_cache import POOLINGS, LayerCache
@@ -108,18 +113,36 @@ def run(cache: LayerCache, by_sample, layers: list[int], poolings=POOLINGS) -> d
     return {"tfidf": bars, "cells": cells}
 
 
-def merge(old: dict, new: dict) -> dict:
-    """`new` plus the cells and bars of `old` that `new` did not measure (runs of different
-    settings, samples or layers build one table)."""
-    def key(c: dict) -> tuple:
-        return c["setting"], c["sample"], c.get("layer"), c.get("pooling")
+def run_features(cache: LayerCache, by_sample, specs: list[pf.FeatureSpec]) -> dict:
+    """Every feature set on every setting and sample, the TF-IDF bars, and per setting of the
+    `full` sample the learning curve of its best feature set against TF-IDF."""
+    cells, bars, curves = [], [], []
+    for sample, sets in by_sample.items():
+        for routing_set in sets.values():
+            bars.append(asdict(tfidf_baseline(routing_set, sample=sample)))
+            found = pf.probe_sets(cache, routing_set, sample, specs)
+            cells += [asdict(c) for c in found]
+            if sample == "full":
+                best = max(found, key=lambda c: c.accuracy)
+                spec = pf.FeatureSpec(best.layers, best.poolings)
+                curves += pf.learning_curve(cache, routing_set, spec)
+    return {"tfidf": bars, "cells": [], "feature_cells": cells, "curves": curves}
 
-    done_bars = {key(b) for b in new["tfidf"]}
-    done_cells = {key(c) for c in new["cells"]}
-    return {"tfidf": [b for b in old["tfidf"] if key(b) not in done_bars] + new["tfidf"],
-            "cells": [c for c in old["cells"] if key(c) not in done_cells] + new["cells"],
-            "commands": list(dict.fromkeys(old.get("commands", []) + new["commands"])),
-            "probe_cpu_s": round(old.get("probe_cpu_s", 0) + new["probe_cpu_s"], 1)}
+
+def merge(old: dict, new: dict) -> dict:
+    """`new` plus the cells, bars and curve points of `old` that `new` did not measure (runs
+    of different settings, samples, layers or feature sets build one table)."""
+    def key(c: dict) -> tuple:
+        return (c["setting"], c.get("sample"), c.get("layer"), c.get("pooling"),
+                c.get("feature_set"), c.get("num_train") if "probe" in c else None)
+
+    out = {}
+    for part in ("tfidf", "cells", "feature_cells", "curves"):
+        done = {key(c) for c in new.get(part, [])}
+        out[part] = [c for c in old.get(part, []) if key(c) not in done] + new.get(part, [])
+    out["commands"] = list(dict.fromkeys(old.get("commands", []) + new["commands"]))
+    out["probe_cpu_s"] = round(old.get("probe_cpu_s", 0) + new["probe_cpu_s"], 1)
+    return out
 
 
 def _pct(x: float) -> str:
@@ -182,12 +205,50 @@ def render_markdown(doc: dict) -> str:
             lines.append(f"| {layer} | " + " | ".join(row) + " |")
         lines.append("| TF-IDF | " + " | ".join(_pct(bars[(s, sample)]) for s, _ in cols)
                      + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + render_features(doc, bars)) + "\n"
+
+
+def render_features(doc: dict, bars: dict) -> list[str]:
+    """The multi-layer feature sets (rows) per setting and sample (columns), * at or above the
+    column's TF-IDF bar, then the learning curves."""
+    cells = doc.get("feature_cells", [])
+    if not cells:
+        return []
+    cols = list(dict.fromkeys((c["setting"], c["sample"]) for c in cells))
+    acc = {(c["feature_set"], c["setting"], c["sample"]): c for c in cells}
+    sizes = {(c["setting"], c["sample"]): c["num_train"] for c in cells}
+    lines = ["", "Feature sets a router at layer L reads for free (`--features`): the pooled "
+             "states of several layers up to L side by side (L-1: the token embeddings, so "
+             "`L-1 mean` is the bag of token embeddings), mean and max pooling; one probe on "
+             "their concatenation. Test accuracy %; * at or above TF-IDF of the column.", "",
+             "| feature set | features | " + " | ".join(
+                 f"{s} {m} ({sizes[(s, m)]:,})" for s, m in cols) + " |",
+             "|---" * (len(cols) + 2) + "|"]
+    for name in dict.fromkeys(c["feature_set"] for c in cells):
+        row = []
+        for s, m in cols:
+            c = acc.get((name, s, m))
+            row.append("" if c is None else _pct(c["accuracy"]) + (
+                "*" if c["accuracy"] >= bars[(s, m)] else ""))
+        width = next(c["num_features"] for c in cells if c["feature_set"] == name)
+        lines.append(f"| {name} | {width:,} | " + " | ".join(row) + " |")
+    lines.append("| TF-IDF | - | " + " | ".join(_pct(bars[k]) for k in cols) + " |")
+    curves = doc.get("curves", [])
+    if curves:
+        lines += ["", "Learning curves on the whole training split (its first rows, in the "
+                  "split's seeded order): the best feature set of the setting against TF-IDF "
+                  "on the same rows.", "", "| setting | feature set | training rows | probe | "
+                  "TF-IDF | probe - TF-IDF |", "|---|---|---|---|---|---|"]
+        for c in curves:
+            lines.append(f"| {c['setting']} | {c['feature_set']} | {c['num_train']:,} | "
+                         f"{_pct(c['probe'])} | {_pct(c['tfidf'])} | "
+                         f"{100 * (c['probe'] - c['tfidf']):+.1f} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--cache-dir", type=Path, default=None)
     parser.add_argument("--text-dir", type=Path, default=None)
     parser.add_argument("--settings", nargs="+", default=None)
     parser.add_argument("--layers", type=int, nargs="+", default=list(range(-1, 30)))
@@ -195,6 +256,9 @@ def main(argv: list[str] | None = None) -> None:
                         default=["heads", "full"])
     parser.add_argument("--poolings", nargs="+", choices=POOLINGS, default=list(POOLINGS))
     parser.add_argument("--fill-only", action="store_true")
+    parser.add_argument("--features", action="store_true",
+                        help="probe probe_features' multi-layer feature sets, not single layers "
+                             f"(cache up to layer {pf.MAX_LAYER}, default {pf.DEFAULT_CACHE})")
     parser.add_argument("--out", type=Path, default=OUT_JSON)
     args = parser.parse_args(argv)
     import torch
@@ -204,12 +268,14 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     by_sample = {k: v for k, v in samples(args.text_dir or default_text_dir(),
                                           args.settings).items() if k in args.samples}
-    cache = LayerCache(args.cache_dir)
+    cache = (LayerCache(args.cache_dir or pf.DEFAULT_CACHE, pf.MAX_LAYER + 1) if args.features
+             else LayerCache(args.cache_dir or DEFAULT_CACHE))
     if args.fill_only:
         fill(cache, by_sample)
         return
     start = time.process_time()
-    doc = run(cache, by_sample, args.layers, tuple(args.poolings))
+    doc = (run_features(cache, by_sample, pf.default_specs()) if args.features
+           else run(cache, by_sample, args.layers, tuple(args.poolings)))
     doc["commands"] = ["python -m engine_ext.routers.probe_layers " + shlex.join(
         sys.argv[1:] if argv is None else argv)]
     doc["probe_cpu_s"] = round(time.process_time() - start, 1)

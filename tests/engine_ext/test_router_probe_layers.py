@@ -72,7 +72,8 @@ def test_the_sweep_reads_the_domain_from_the_states_and_not_from_shuffled_labels
                log=lambda *a, **k: None)
     cells = sweep_setting(cache, domains, "heads", [-1, 1, 3])
     assert [(c.layer, c.pooling) for c in cells] == [
-        (-1, "mean"), (1, "mean"), (3, "mean"), (-1, "last"), (1, "last"), (3, "last")]
+        (-1, "mean"), (1, "mean"), (3, "mean"), (-1, "last"), (1, "last"), (3, "last"),
+        (-1, "max"), (1, "max"), (3, "max")]
     assert {c.num_train for c in cells} == {160}
     # bags of characters: code, licences, chat and prose differ (chance 0.25)
     assert max(c.accuracy for c in cells if c.pooling == "mean") > 0.45
