@@ -267,6 +267,26 @@ def fit_adapter_loads(loads: list[dict], gpu) -> tuple[dict[str, float], dict]:
     return coeffs, summary
 
 
+def fit_host_cache_loads(loads: list[dict]) -> tuple[dict[str, float], dict]:
+    """Loads from an adapter's files into the host cache (kind "disk"): seconds = overhead +
+    GiB x seconds per GiB, non-negative least squares over every load given. Returns the two
+    coefficients and a summary (count, median seconds and bytes, the fit's MAPE)."""
+    from scipy.optimize import nnls
+
+    disk = [x for x in loads if x["kind"] == "disk"]
+    if len(disk) < 2:
+        return {}, {}
+    y = np.array([x["seconds"] for x in disk])
+    gib = np.array([x["num_bytes"] for x in disk], dtype=float) / 2**30
+    (overhead, per_gib), _ = nnls(np.stack([np.ones_like(gib), gib], axis=1), y)
+    predicted = overhead + gib * per_gib
+    summary = dict(num_loads=float(len(disk)), median_s=float(np.median(y)),
+                   median_bytes=float(np.median(gib) * 2**30),
+                   fit_mape=float(np.mean(np.abs(predicted - y) / y)))
+    return ({"adapter_disk_load_overhead_s": float(overhead),
+             "adapter_disk_read_s_per_gib": float(per_gib)}, summary)
+
+
 def create_calibration_profile(result: FitResult, *, name: str, model: str, engine: dict,
                                hardware: dict, packages: dict, num_samples: int,
                                load_average, commands, description: str = "",

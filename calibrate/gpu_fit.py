@@ -26,10 +26,11 @@ from calibrate.fitter import (
     create_calibration_profile,
     fit,
     fit_adapter_loads,
+    fit_host_cache_loads,
     predict_samples,
 )
 from calibrate.gpu_samples import DATA_DIR, MODELS, AgulloSamples, load_agullo_samples
-from sim.cost.cost_model import CostCoeffs
+from sim.cost.cost_model import CostCoeffs, adapter_disk_load_s
 from sim.cost.layer_costs import LayerCosts, create_layer_costs
 from sim.hardware.catalogue import get_gpu, get_model
 
@@ -93,6 +94,39 @@ def adapter_loads(root: Path, model: str) -> list[dict]:
     return loads
 
 
+def disk_loads(root: Path, model: str) -> list[dict]:
+    """Loads of `model`'s adapters from their files into the host cache (the predictor_loading
+    server logs), with the adapter's bytes at its own rank, as the slot loads count them."""
+    from calibrate.gpu_data.agullo_loads import read_load_times
+    from sim.cost.memory_model import adapter_slot_bytes_per_gpu
+
+    upstream = next(k for k, v in MODELS.items() if v == model)
+    arch = get_model(model)
+    return [dict(kind="disk", seconds=r.seconds, load_index=r.load_index,
+                 num_bytes=adapter_slot_bytes_per_gpu(arch, 1, r.adapter_rank, 1))
+            for r in read_load_times(root) if r.model == upstream and r.source == "disk"]
+
+
+def fit_disk_loads(root: Path, model: str = "llama-3.1-8b") -> tuple[dict, dict]:
+    """The host-cache load terms fitted on `model`'s disk loads; the summary adds the first
+    load of each run (its file not yet in the OS page cache: later loads re-read the same
+    files) and the fit's error on every other model's loads, held out."""
+    coeffs, summary = fit_host_cache_loads(disk_loads(root, model))
+    if not coeffs:
+        return {}, {}
+    firsts = [x["seconds"] for x in disk_loads(root, model) if x["load_index"] == 1]
+    summary["first_load_median_s"] = float(np.median(firsts))
+    for other in sorted(set(MODELS.values()) - {model}):
+        held = disk_loads(root, other)
+        if held:
+            y = np.array([x["seconds"] for x in held])
+            p = np.array([adapter_disk_load_s(CostCoeffs(**coeffs), x["num_bytes"])
+                          for x in held])
+            summary[f"held_out_{other}_mape"] = float(np.mean(np.abs(p - y) / y))
+            summary[f"held_out_{other}_median_s"] = float(np.median(y))
+    return coeffs, summary
+
+
 def error_rows(coeffs, samples, split: str, profiles) -> list[dict]:
     """Errors per (model, kind of sample) and over all of `samples`."""
     measured = np.array([s.measured_s for s in samples])
@@ -118,6 +152,10 @@ def fit_h100_64gb(root: Path = DATA_DIR) -> tuple[FitResult, dict, AgulloSamples
     profiles = group_profiles({s.group for s in train + test}, gpu)
     result = fit(train, BASE_TERMS + LORA_GRID_TERMS, profiles, start=START, held_out=test)
     load_coeffs, load_summary = fit_adapter_loads(adapter_loads(root, "llama-3.1-8b"), gpu)
+    disk_coeffs, disk_summary = fit_disk_loads(root)
+    if disk_coeffs:
+        load_coeffs, load_summary = {**load_coeffs, **disk_coeffs}, {**load_summary,
+                                                                     "disk": disk_summary}
     coeffs = CostCoeffs(**result.coeffs.model_copy(update=load_coeffs).model_dump())
     errors = error_rows(coeffs, train, "train", profiles) + error_rows(coeffs, test, "test",
                                                                         profiles)
@@ -139,7 +177,10 @@ def create_h100_64gb_profile(root: Path = DATA_DIR):
         "max_loras 8-384, ranks 8/16/32), predictor_latency_overhead runs at 1/32/128 and "
         f"224-300 adapters ({len(train)} samples). Held out ({len(test)} samples): the "
         f"overhead runs at {list(HELD_OUT_ADAPTERS)} adapters, the batch-1 warm-up steps, "
-        "and every Qwen2.5-7B sample. Skipped rows: " + "; ".join(samples.skipped))
+        "and every Qwen2.5-7B sample. Adapter loads (predictor_loading, Llama-3.1-8B): "
+        "slot loads on upstream's mean activation times; host-cache (disk) loads on the "
+        "300 per-load times of the server logs' start-up (Qwen2.5-7B's held out). "
+        "Skipped rows: " + "; ".join(samples.skipped))
     return create_calibration_profile(
         result, name=PROFILE_NAME, model="llama-3.1-8b",
         engine=dict(name="vllm", version="0.8.5", settings=dict(
@@ -150,6 +191,7 @@ def create_h100_64gb_profile(root: Path = DATA_DIR):
         packages={"vllm": "0.8.5 (fork, V1 scheduler)"}, num_samples=len(train) + len(test),
         load_average=(0.0, 0.0, 0.0), description=description,
         commands=("python data/gpu/cut_agullo_slice.py FULL_GPU_DATA",
+                  "python data/gpu/cut_agullo_loads.py UPSTREAM_CHECKOUT",
                   "python -m calibrate.gpu_fit"),
         adapter_loads=loads)
 

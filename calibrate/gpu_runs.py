@@ -137,9 +137,14 @@ def run_config(run: ServingRun, coeffs: CostCoeffs, gpu: str = "H100-64GB",
         arch, 1, rank, 1)) for i, rank in enumerate(run.adapter_ranks))
     return SimConfig(
         arch=arch, gpu=get_gpu(gpu),
+        # The fork's server registers max_cpu_loras adapters at start-up, each loaded from
+        # disk into the host cache (and through a slot) before the client's first request
+        # (vllm/entrypoints/openai/serving_models.py, init_static_loras): the runs' loads
+        # are host-to-device only.
         engine=EngineLimits(max_num_seqs=run.max_num_seqs, max_num_batched_tokens=2048,
                             enable_prefix_caching=False, max_loras=run.max_loras,
-                            max_cpu_loras=run.max_cpu_loras, max_lora_rank=run.max_lora_rank),
+                            max_cpu_loras=run.max_cpu_loras, max_lora_rank=run.max_lora_rank,
+                            preload_cpu_loras=True),
         strategy=StrategySpec(kind="multi_lora", adapters=adapters, adapter_kind="lora",
                               adapter_rank=run.max_lora_rank,
                               adapter_placements=tuple((i, m) for i in range(arch.num_layers)

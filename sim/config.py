@@ -42,6 +42,10 @@ class EngineLimits(_Frozen):
     """Adapters resident on the GPU at once (and per step)."""
     max_cpu_loras: int = Field(default=16, ge=1)
     """Adapters cached in host memory."""
+    preload_cpu_loras: bool = True
+    """The host cache starts with the first max_cpu_loras adapters, as vLLM's server loads its
+    registered adapters at start-up; False: every adapter's first load is cold (adapters
+    loaded on first use, as an offline engine given LoRARequests does)."""
     max_lora_rank: int = Field(default=16, ge=1)
     """LoRA buffers are preallocated at this rank."""
     num_speculative_tokens: int = Field(default=0, ge=0)

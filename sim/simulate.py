@@ -14,7 +14,7 @@ import pandas as pd
 import simpy
 
 from sim.config import SimConfig, StrategySpec
-from sim.cost.cost_model import adapter_load_s, routing_decision_s
+from sim.cost.cost_model import adapter_disk_load_s, adapter_load_s, routing_decision_s
 from sim.cost.layer_costs import LayerCosts, create_layer_costs
 from sim.cost.memory_model import memory_breakdown
 from sim.engine.cluster import Router, replica_groups
@@ -146,10 +146,18 @@ def _adapter_load_s(config: SimConfig) -> list[float]:
             for a in config.strategy.adapters] or [0.0]
 
 
+def _adapter_disk_load_s(config: SimConfig) -> list[float] | None:
+    """Cold-load seconds per adapter; None where the profile prices no host-cache load."""
+    c = config.coeffs
+    if not (c.adapter_disk_load_overhead_s or c.adapter_disk_read_s_per_gib):
+        return None
+    return [adapter_disk_load_s(c, a.num_bytes_per_gpu) for a in config.strategy.adapters] or [0.0]
+
+
 def _build_replicas(env, config: SimConfig, pricer: StepPricer, num_kv_blocks: int,
                     counter: StepCounter, recorder: MetricsRecorder, num: int) -> list[Replica]:
     return [Replica(env, i, Engine(config.engine, num_kv_blocks, _adapter_load_s(config),
-                                   config.check_invariants),
+                                   config.check_invariants, _adapter_disk_load_s(config)),
                     pricer, counter, recorder.on_sample) for i in range(num)]
 
 

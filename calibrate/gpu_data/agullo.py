@@ -12,6 +12,7 @@ import json
 import re
 from pathlib import Path
 
+from calibrate.gpu_data.agullo_loads import read_load_times
 from calibrate.gpu_data.agullo_records import (
     GPU_KIND,
     AdapterLoadRecord,
@@ -76,6 +77,7 @@ def import_agullo(root: Path) -> ImportResult:
             read_sweep_runs(root, sweep, result)
     if (root / ESTIMATORS / "predictor_loading").exists():
         result.add("adapter_load", read_adapter_loads(root))
+        result.add("adapter_load_time", read_load_times(root))
     return result
 
 

@@ -166,3 +166,23 @@ class MemoryProbeRecord:
     LoRA slot buffers as well as the weights."""
     source_file: str
     source_line: int
+
+
+@dataclass(frozen=True)
+class AdapterLoadTimeRecord:
+    """One adapter load timed by the fork's worker manager (predictor_loading server logs): from
+    disk into the host cache (`source` 'disk'), or from host memory into a GPU slot ('host')."""
+
+    model: str
+    max_lora_rank: int
+    adapter_rank: int
+    source: str
+    """'disk' (file into the host cache: read, parse, register) or 'host' (into a slot)."""
+    phase: str
+    """'startup' (the server registering its adapters, before any request) or 'benchmark'."""
+    load_index: int
+    """1-based count of this source's loads in the run."""
+    seconds: float
+    """This load alone: the difference of the log's cumulative totals."""
+    source_file: str
+    source_line: int

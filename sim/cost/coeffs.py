@@ -77,6 +77,13 @@ class CostCoeffs(BaseModel):
     """Fixed cost of copying one adapter into a device slot (per-module copies, bookkeeping)."""
     adapter_load_bandwidth_efficiency: float = Field(default=1.0, gt=0, le=1)
     """Achieved share of the host-to-device (PCIe) bandwidth when an adapter is copied in."""
+    adapter_disk_load_overhead_s: float = Field(default=0.0, ge=0, le=60)
+    """Fixed cost of loading one adapter from its files into the host cache (max_cpu_loras),
+    paid before the host-to-device copy by an adapter the cache does not hold (a cold load):
+    opening and parsing the checkpoint, building and registering its CPU tensors."""
+    adapter_disk_read_s_per_gib: float = Field(default=0.0, ge=0, le=600)
+    """Seconds per GiB of adapter weights read into the host cache on a cold load (the
+    inverse of the achieved read-and-deserialise bandwidth)."""
 
 
 DEFAULT_COEFFS: dict[str, CostCoeffs] = {
@@ -112,6 +119,12 @@ def adapter_load_s(c: CostCoeffs, gpu: GpuSpec, num_bytes: float) -> float:
     """Seconds of copying an adapter of `num_bytes` into a device slot."""
     bandwidth = gpu.pcie_bandwidth_bytes_per_s * c.adapter_load_bandwidth_efficiency
     return c.adapter_load_overhead_s + num_bytes / bandwidth
+
+
+def adapter_disk_load_s(c: CostCoeffs, num_bytes: float) -> float:
+    """Seconds of loading an adapter of `num_bytes` from its files into the host cache (a cold
+    load pays this and then `adapter_load_s`)."""
+    return c.adapter_disk_load_overhead_s + num_bytes / 2**30 * c.adapter_disk_read_s_per_gib
 
 
 def default_coeffs(gpu: GpuSpec) -> CostCoeffs:

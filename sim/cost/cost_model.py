@@ -15,6 +15,7 @@ import numpy as np
 from sim.cost.coeffs import (  # noqa: F401  (re-exported: callers import them from here)
     DEFAULT_COEFFS,
     CostCoeffs,
+    adapter_disk_load_s,
     adapter_load_s,
     default_coeffs,
 )

@@ -35,12 +35,14 @@ class Engine:
     """Waiting and running sequences, the KV pool and the adapter slots of one replica."""
 
     def __init__(self, limits: EngineLimits, num_kv_blocks: int, adapter_load_s: list[float],
-                 check_invariants: bool = False):
+                 check_invariants: bool = False, adapter_disk_load_s: list[float] | None = None):
         self.limits = limits
         self.check_invariants = check_invariants
         self.block_size = limits.block_size
         self.kv = KvBlockManager(num_kv_blocks, limits.block_size, limits.enable_prefix_caching)
-        self.slots = AdapterSlots(limits.max_loras, limits.max_cpu_loras, adapter_load_s)
+        self.slots = AdapterSlots(
+            limits.max_loras, limits.max_cpu_loras, adapter_load_s, adapter_disk_load_s,
+            num_preloaded=len(adapter_load_s) if limits.preload_cpu_loras else 0)
         self.running: list[Sequence] = []
         self.waiting = WaitingQueue()
         self.num_tokens_per_decode_step = limits.num_tokens_per_decode_step

@@ -164,7 +164,10 @@ def test_cli_writes_parquet_and_csv_with_a_summary_line(tmp_path):
                     root / ESTIMATORS / "predictor_loading")
     done = _cli("agullo-dt", "--data-dir", str(tmp_path), "--out", str(tmp_path / "o"))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("agullo-dt: sweep_run 6, engine_sample 0, adapter_load 6;")
+    assert done.stdout.startswith("agullo-dt: sweep_run 6, engine_sample 0, adapter_load 6, "
+                                  "adapter_load_time 1,800;")
+    times = pd.read_parquet(tmp_path / "o" / "adapter_load_time.parquet")
+    assert len(times) == 1800 and set(times.source) == {"disk", "host"}
     loads = pd.read_parquet(tmp_path / "o" / "adapter_load.parquet")
     assert list(loads.mean_load_ms.round(3)) == list(
         pd.read_csv(tmp_path / "o" / "adapter_load.csv").mean_load_ms.round(3))
