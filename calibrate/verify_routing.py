@@ -62,7 +62,7 @@ def build_router(names: list[str], paths: list[Path], route_layer: int, model_di
 
 
 @contextmanager
-def plugin_config(path: str | None):
+def plugin_config(path: str | Path | None):
     """MOLCAP_VLLM_PLUGIN_CONFIG=path and a fresh plugin state while the block runs (None: the
     environment as it is); the next engine in this process starts without the router."""
     if path is None:
@@ -72,7 +72,7 @@ def plugin_config(path: str | None):
     from engine_ext.vllm_plugin.runtime import reset_state
 
     old = os.environ.get(CONFIG_ENV)
-    os.environ[CONFIG_ENV] = path
+    os.environ[CONFIG_ENV] = str(path)
     reset_state()
     try:
         yield

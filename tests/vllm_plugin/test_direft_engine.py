@@ -4,7 +4,6 @@ are refused at the front end and the engine keeps serving."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -17,13 +16,12 @@ from vllm_helpers import (
     tiny_llama,
 )
 
+from calibrate.verify_routing import plugin_config
 from engine_ext.decoder_only import DecoderOnlyEngine
 from engine_ext.peft_io import load_peft_adapter
 from engine_ext.reft import ReftSpec, ReftWeights
 from engine_ext.reft_io import load_reft_adapter, save_reft_adapter
-from engine_ext.vllm_plugin.config import CONFIG_ENV
 from engine_ext.vllm_plugin.counters import sum_counters
-from engine_ext.vllm_plugin.runtime import reset_state
 
 MAX_TOKENS = 16
 D_MODEL = 256
@@ -62,24 +60,18 @@ def served(tmp_path_factory):
              "lora_bad_rank": save_adapter(model, root / "lora_r16", seed=5, prefill_only=True,
                                            rank=16)}
     (root / "plugin.json").write_text(json.dumps({"counter_dir": str(root / "counters")}))
-    old = os.environ.get(CONFIG_ENV)
-    os.environ[CONFIG_ENV] = str(root / "plugin.json")
-    reset_state()
-    llm = create_llm(root / "model")
-    ref = DecoderOnlyEngine(model, max_loras=4, max_lora_rank=16)
-    ref.add_adapter("lora_p", load_peft_adapter(loras["lora_p"], model, max_lora_rank=16))
-    for name in ("dp", "dp_window", "d_all"):
-        ref.add_adapter(name, reft=load_reft_adapter(refts[name], hidden_size=D_MODEL,
-                                                     num_layers=4, max_rank=8))
-    paths = {**refts, **loras}
-    requests = {n: LoRARequest(n, i + 1, str(p)) for i, (n, p) in enumerate(paths.items())}
-    requests[None] = None
-    yield dict(llm=llm, ref=ref, requests=requests, counters=root / "counters")
-    shutdown_llm(llm)
-    if old is None:
-        os.environ.pop(CONFIG_ENV, None)
-    else:
-        os.environ[CONFIG_ENV] = old
+    with plugin_config(root / "plugin.json"):
+        llm = create_llm(root / "model")
+        ref = DecoderOnlyEngine(model, max_loras=4, max_lora_rank=16)
+        ref.add_adapter("lora_p", load_peft_adapter(loras["lora_p"], model, max_lora_rank=16))
+        for name in ("dp", "dp_window", "d_all"):
+            ref.add_adapter(name, reft=load_reft_adapter(refts[name], hidden_size=D_MODEL,
+                                                         num_layers=4, max_rank=8))
+        paths = {**refts, **loras}
+        requests = {n: LoRARequest(n, i + 1, str(p)) for i, (n, p) in enumerate(paths.items())}
+        requests[None] = None
+        yield dict(llm=llm, ref=ref, requests=requests, counters=root / "counters")
+        shutdown_llm(llm)
 
 
 def test_direft_p_mixed_with_lora_p_and_base_equals_reference(served):

@@ -12,13 +12,13 @@ from vllm_helpers import (
     create_llm,
     pd_decode,
     pd_transfer_config,
-    plugin_config_env,
     prompt_ids,
     routed_setup,
     run_pd_prefill,
     shutdown_llm,
 )
 
+from calibrate.verify_routing import plugin_config
 from engine_ext.vllm_plugin.counters import sum_counters
 from engine_ext.vllm_plugin.hashing import adapter_hash
 from engine_ext.vllm_plugin.kv_transfer import DECISIONS
@@ -51,7 +51,7 @@ def pd(tmp_path_factory):
             for r, out in zip(requests, prefilled, strict=True)]
     sent = sent[:NUM_DELIVERED] + sent[NUM_ROUTED:] + [{**sent[1], "extra": None,
                                                         "dropped": True}]
-    with plugin_config_env(decode_config):
+    with plugin_config(decode_config):
         decode = create_llm(setup.root / "model", enable_prefix_caching=False,
                             max_num_batched_tokens=256,
                             kv_transfer_config=pd_transfer_config("kv_consumer",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from vllm_helpers import (
@@ -17,8 +16,7 @@ from vllm_helpers import (
     tiny_llama,
 )
 
-from engine_ext.vllm_plugin.config import CONFIG_ENV
-from engine_ext.vllm_plugin.runtime import reset_state
+from calibrate.verify_routing import plugin_config
 
 MAX_TOKENS = 24
 
@@ -37,18 +35,13 @@ def served(tmp_path_factory):
     }
     config = root / "plugin.json"
     config.write_text(json.dumps({"counter_dir": str(root / "counters")}))
-    old = os.environ.get(CONFIG_ENV)
-    os.environ[CONFIG_ENV] = str(config)
-    reset_state()
-    llm = create_llm(root / "model")
-    requests = {name: LoRARequest(name, i + 1, str(p)) for i, (name, p) in enumerate(paths.items())}
-    requests[None] = None
-    yield llm, requests, reference_engine(model, paths)
-    shutdown_llm(llm)
-    if old is None:
-        os.environ.pop(CONFIG_ENV, None)
-    else:
-        os.environ[CONFIG_ENV] = old
+    with plugin_config(config):
+        llm = create_llm(root / "model")
+        requests = {name: LoRARequest(name, i + 1, str(p))
+                    for i, (name, p) in enumerate(paths.items())}
+        requests[None] = None
+        yield llm, requests, reference_engine(model, paths)
+        shutdown_llm(llm)
 
 
 def _reference(ref, prompt, name, max_tokens=MAX_TOKENS):

@@ -14,7 +14,6 @@ from vllm_helpers import (
     create_llm,
     generate,
     generate_cached,
-    plugin_config_env,
     prompt_ids,
     reference_engine,
     routed_setup,
@@ -22,6 +21,7 @@ from vllm_helpers import (
     shutdown_llm,
 )
 
+from calibrate.verify_routing import plugin_config
 from engine_ext.vllm_plugin.counters import sum_counters
 from engine_ext.vllm_plugin.hashing import adapter_hash
 from engine_ext.vllm_plugin.runtime import HASH_KEY
@@ -34,7 +34,7 @@ def served(tmp_path_factory):
     from vllm.lora.request import LoRARequest
 
     setup = routed_setup(tmp_path_factory.mktemp("routing"))
-    with plugin_config_env(setup.config_file):
+    with plugin_config(setup.config_file):
         llm = create_llm(setup.root / "model", enable_prefix_caching=True,
                          max_num_batched_tokens=256, max_model_len=512)
         # Named as in the plugin config: a user's request and a routed one share the name.

@@ -14,7 +14,6 @@ from vllm_helpers import (
     create_llm,
     pd_decode,
     pd_transfer_config,
-    plugin_config_env,
     prompt_ids,
     routed_setup,
     run_pd_prefill,
@@ -22,6 +21,7 @@ from vllm_helpers import (
     smollm2_llama,
 )
 
+from calibrate.verify_routing import plugin_config
 from engine_ext.vllm_plugin.counters import sum_counters
 
 pytestmark = pytest.mark.skipif(os.environ.get("MOLCAP_SMOLLM2_PD") != "1",
@@ -46,7 +46,7 @@ def pd(tmp_path_factory):
                  extra={"kv_transfer_params": out["kv_transfer_params"]}
                  if out["kv_transfer_params"] else None)
             for r, out in zip(requests, prefilled, strict=True)]
-    with plugin_config_env(decode_config):
+    with plugin_config(decode_config):
         decode = create_llm(setup.root / "model", enable_prefix_caching=False,
                             max_num_batched_tokens=512, max_model_len=512,
                             kv_transfer_config=pd_transfer_config("kv_consumer",

@@ -18,6 +18,7 @@ import pytest
 import torch
 from vllm_helpers import create_llm, generate, shutdown_llm
 
+from calibrate.verify_routing import plugin_config
 from engine_ext.data import REPO_TEXT_DIR
 from engine_ext.decoder_only import DEFAULT_HF_CACHE, DecoderOnlyEngine, load_smollm2
 from engine_ext.lora import LoraSpec, random_lora
@@ -25,10 +26,9 @@ from engine_ext.peft_io import save_peft_adapter
 from engine_ext.routers.datasets import clinc_sets
 from engine_ext.routers.states import ROUTE_LAYER, layer_states, turn_ids
 from engine_ext.routing import mean_pool
-from engine_ext.vllm_plugin.config import CONFIG_ENV, load_plugin_config
+from engine_ext.vllm_plugin.config import load_plugin_config
 from engine_ext.vllm_plugin.counters import sum_counters
 from engine_ext.vllm_plugin.router import InEngineRouter
-from engine_ext.vllm_plugin.runtime import reset_state
 
 HEADS = Path(__file__).resolve().parents[2] / "data" / "routers"
 TRAINED = HEADS / "mol2_smollm2_clinc_domains10.safetensors"
@@ -79,20 +79,14 @@ def served(tmp_path_factory):
     option_ids = [turn_ids(tokenizer, d) for d in domains.descriptions]
     config_path = root / "plugin.json"
     _write_config(config_path, TRAINED, adapters, option_ids, root / "counters")
-    old = os.environ.get(CONFIG_ENV)
-    os.environ[CONFIG_ENV] = str(config_path)
-    reset_state()
-    llm = create_llm(_model_dir(root, model), dtype="float32", max_loras=len(adapters),
-                     max_lora_rank=8, max_cpu_loras=len(adapters), max_model_len=256,
-                     max_num_seqs=16, max_num_batched_tokens=512, enable_prefix_caching=False)
-    yield dict(llm=llm, model=model, tokenizer=tokenizer, domains=domains, texts=texts,
-               labels=labels, adapters=adapters, option_ids=option_ids, config=config_path,
-               counters=root / "counters")
-    shutdown_llm(llm)
-    if old is None:
-        os.environ.pop(CONFIG_ENV, None)
-    else:
-        os.environ[CONFIG_ENV] = old
+    with plugin_config(config_path):
+        llm = create_llm(_model_dir(root, model), dtype="float32", max_loras=len(adapters),
+                         max_lora_rank=8, max_cpu_loras=len(adapters), max_model_len=256,
+                         max_num_seqs=16, max_num_batched_tokens=512, enable_prefix_caching=False)
+        yield dict(llm=llm, model=model, tokenizer=tokenizer, domains=domains, texts=texts,
+                   labels=labels, adapters=adapters, option_ids=option_ids, config=config_path,
+                   counters=root / "counters")
+        shutdown_llm(llm)
 
 
 def _route_in_engine(s, head: Path) -> list[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,24 +115,6 @@ def generate_cached(llm, prompt: list[int], lora, max_tokens: int = 8,
     (out,) = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, lora_request=[lora],
                           use_tqdm=False)
     return list(out.outputs[0].token_ids), out.num_cached_tokens
-
-
-@contextmanager
-def plugin_config_env(path: Path):
-    """MOLCAP_VLLM_PLUGIN_CONFIG=path and a fresh plugin state while the block runs."""
-    from engine_ext.vllm_plugin.config import CONFIG_ENV
-    from engine_ext.vllm_plugin.runtime import reset_state
-
-    old = os.environ.get(CONFIG_ENV)
-    os.environ[CONFIG_ENV] = str(path)
-    reset_state()
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(CONFIG_ENV, None)
-        else:
-            os.environ[CONFIG_ENV] = old
 
 
 def bump_mtime(file: Path, seconds: int = 1) -> None:
