@@ -70,11 +70,12 @@ def features(cache: LayerCache, texts, spec: FeatureSpec) -> np.ndarray:
 
 def default_specs(max_layer: int = MAX_LAYER) -> list[FeatureSpec]:
     """The feature sets probed: one layer (the reference), mean + max, the token-embedding bag
-    beside it, every second layer up to it, and both."""
+    beside it, every second layer up to it, both, and every layer up to max_layer."""
     every2 = (-1, *range(0, max_layer + 1, 2))
+    every = tuple(range(-1, max_layer + 1))
     return [FeatureSpec((8,)), FeatureSpec((8,), ("mean", "max")), FeatureSpec((-1, 8)),
             FeatureSpec((-1, 8), ("mean", "max")), FeatureSpec(every2),
-            FeatureSpec(every2, ("mean", "max"))]
+            FeatureSpec(every2, ("mean", "max")), FeatureSpec(every, ("mean", "max"))]
 
 
 @dataclass(frozen=True)

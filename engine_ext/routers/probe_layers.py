@@ -122,10 +122,13 @@ def run_features(cache: LayerCache, by_sample, specs: list[pf.FeatureSpec]) -> d
             bars.append(asdict(tfidf_baseline(routing_set, sample=sample)))
             found = pf.probe_sets(cache, routing_set, sample, specs)
             cells += [asdict(c) for c in found]
-            if sample == "full":
+            if sample == "full":  # the whole split's point is the cell already fitted
                 best = max(found, key=lambda c: c.accuracy)
                 spec = pf.FeatureSpec(best.layers, best.poolings)
-                curves += pf.learning_curve(cache, routing_set, spec)
+                curves += pf.learning_curve(cache, routing_set, spec, (0.1, 0.3))
+                curves.append({"setting": best.setting, "feature_set": best.feature_set,
+                               "num_train": best.num_train, "probe": best.accuracy,
+                               "tfidf": bars[-1]["accuracy"]})
     return {"tfidf": bars, "cells": [], "feature_cells": cells, "curves": curves}
 
 
@@ -208,6 +211,27 @@ def render_markdown(doc: dict) -> str:
     return "\n".join(lines + render_features(doc, bars)) + "\n"
 
 
+def verdicts(cells: list[dict], bars: dict, curves: list[dict]) -> list[str]:
+    """One generated sentence per setting and sample: the best feature set against TF-IDF,
+    and whether the gap narrows with more training rows."""
+    lines = [""]
+    for s, m in dict.fromkeys((c["setting"], c["sample"]) for c in cells):
+        best = max((c for c in cells if (c["setting"], c["sample"]) == (s, m)),
+                   key=lambda c: c["accuracy"])
+        gap = 100 * (best["accuracy"] - bars[(s, m)])
+        text = (f"* {s}, {m} ({best['num_train']:,} rows): best `{best['feature_set']}` "
+                f"{_pct(best['accuracy'])} vs TF-IDF {_pct(bars[(s, m)])} ({gap:+.1f}): "
+                + ("reaches the baseline." if gap >= 0 else "short of the baseline."))
+        mine = sorted((c for c in curves if c["setting"] == s and m == "full"),
+                      key=lambda c: c["num_train"])
+        if len(mine) > 1:
+            first, last = (100 * (c["probe"] - c["tfidf"]) for c in (mine[0], mine[-1]))
+            text += (f" From {mine[0]['num_train']:,} to {mine[-1]['num_train']:,} training "
+                     f"rows the probe's gap goes {first:+.1f} -> {last:+.1f} points.")
+        lines.append(text)
+    return lines
+
+
 def render_features(doc: dict, bars: dict) -> list[str]:
     """The multi-layer feature sets (rows) per setting and sample (columns), * at or above the
     column's TF-IDF bar, then the learning curves."""
@@ -234,6 +258,7 @@ def render_features(doc: dict, bars: dict) -> list[str]:
         lines.append(f"| {name} | {width:,} | " + " | ".join(row) + " |")
     lines.append("| TF-IDF | - | " + " | ".join(_pct(bars[k]) for k in cols) + " |")
     curves = doc.get("curves", [])
+    lines += verdicts(cells, bars, curves)
     if curves:
         lines += ["", "Learning curves on the whole training split (its first rows, in the "
                   "split's seeded order): the best feature set of the setting against TF-IDF "
@@ -259,6 +284,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--features", action="store_true",
                         help="probe probe_features' multi-layer feature sets, not single layers "
                              f"(cache up to layer {pf.MAX_LAYER}, default {pf.DEFAULT_CACHE})")
+    parser.add_argument("--feature-sets", nargs="+", default=None,
+                        help="with --features: only these (labels as in the table, e.g. "
+                             "'L-1,8 mean+max'; default all of probe_features.default_specs)")
     parser.add_argument("--out", type=Path, default=OUT_JSON)
     args = parser.parse_args(argv)
     import torch
@@ -274,7 +302,9 @@ def main(argv: list[str] | None = None) -> None:
         fill(cache, by_sample)
         return
     start = time.process_time()
-    doc = (run_features(cache, by_sample, pf.default_specs()) if args.features
+    specs = [s for s in pf.default_specs()
+             if args.feature_sets is None or s.label in args.feature_sets]
+    doc = (run_features(cache, by_sample, specs) if args.features
            else run(cache, by_sample, args.layers, tuple(args.poolings)))
     doc["commands"] = ["python -m engine_ext.routers.probe_layers " + shlex.join(
         sys.argv[1:] if argv is None else argv)]
