@@ -129,9 +129,11 @@ def run_workload(run: ServingRun, window_s: float, seed: int, rate_scale: float 
 
 
 def run_config(run: ServingRun, coeffs: CostCoeffs, gpu: str = "H100-64GB",
-               window_s: float | None = None) -> SimConfig:
+               window_s: float | None = None, preload_cpu_loras: bool = True) -> SimConfig:
     """The run's engine as the simulator sees it (vLLM 0.8.5 V1 defaults where the launcher
-    sets nothing: 2,048 batched tokens, block 16, no prefix caching, utilisation 0.9)."""
+    sets nothing: 2,048 batched tokens, block 16, no prefix caching, utilisation 0.9).
+    `preload_cpu_loras=False` prices every adapter's first load as cold, which these runs
+    did not do (a what-if)."""
     arch = get_model(run.model)
     adapters = tuple(AdapterSpec(name=f"a{i}", num_bytes_per_gpu=adapter_slot_bytes_per_gpu(
         arch, 1, rank, 1)) for i, rank in enumerate(run.adapter_ranks))
@@ -144,7 +146,7 @@ def run_config(run: ServingRun, coeffs: CostCoeffs, gpu: str = "H100-64GB",
         engine=EngineLimits(max_num_seqs=run.max_num_seqs, max_num_batched_tokens=2048,
                             enable_prefix_caching=False, max_loras=run.max_loras,
                             max_cpu_loras=run.max_cpu_loras, max_lora_rank=run.max_lora_rank,
-                            preload_cpu_loras=True),
+                            preload_cpu_loras=preload_cpu_loras),
         strategy=StrategySpec(kind="multi_lora", adapters=adapters, adapter_kind="lora",
                               adapter_rank=run.max_lora_rank,
                               adapter_placements=tuple((i, m) for i in range(arch.num_layers)
@@ -153,7 +155,8 @@ def run_config(run: ServingRun, coeffs: CostCoeffs, gpu: str = "H100-64GB",
 
 
 def predict_run(run: ServingRun, coeffs: CostCoeffs, *, window_s: float = WINDOW_S,
-                warmup_s: float = WARMUP_S, seed: int = 0) -> dict[str, float]:
+                warmup_s: float = WARMUP_S, seed: int = 0,
+                preload_cpu_loras: bool = True) -> dict[str, float]:
     """Steady-state metrics of the simulated run (requests finished between `warmup_s` and
     `window_s`), plus `is_saturated`: over 1% of the requests that arrived in the window's first
     half had not finished at its end, and `rate_scale`, the thinning applied."""
@@ -162,7 +165,8 @@ def predict_run(run: ServingRun, coeffs: CostCoeffs, *, window_s: float = WINDOW
                          f"0 <= warmup_s < window_s")
     rate_scale = min(1.0, RATE_CAP_RPS / sum(run.adapter_rates))
     workload = run_workload(run, window_s, seed, rate_scale)
-    turns = simulate(run_config(run, coeffs, window_s=window_s), workload).turns
+    config = run_config(run, coeffs, window_s=window_s, preload_cpu_loras=preload_cpu_loras)
+    turns = simulate(config, workload).turns
     done = turns[(turns["done_s"] > warmup_s) & (turns["done_s"] <= window_s)]
     ttft, tpot = done["ttft_s"].to_numpy(), done["tpot_s"].to_numpy()
     arrived_early = int((workload.conv_arrival_s <= 0.5 * window_s).sum())

@@ -225,10 +225,14 @@ NOTES = """## What the errors say
   while their capacity is near unbiased: not yet explained. Candidates: the real hour's
   batches hold more distinct adapters and longer contexts than the thinned window's, and
   preemption under a full KV pool (recompute) is priced only as the simulator schedules it.
-* TTFT p99 comes out several times too low: the first request to each adapter loads it from
-  disk (max_cpu_loras equals the adapters served), a cost the dataset does not time for vLLM
-  0.8.5 (its loading study is host-to-device only); the simulator prices every slot load at
-  the host-to-device time.
+* TTFT p99 comes out several times too low, and loads from disk do not explain it: the
+  fork's server loads every adapter it serves (max_cpu_loras of them, as many as the runs
+  use) from disk into the host cache at start-up, before the client's first request
+  (`init_static_loras` in its `serving_models.py`; the predictor_loading server logs show
+  these start-up loads, 45 ms + 0.6 s/GiB on Llama-3.1-8B, and no disk load during the
+  benchmark). The measured hour's loads are host-to-device only, as the simulator prices
+  them: the host-cache term (`adapter_disk_*` in the profile) changes none of these runs.
+  Not yet explained; the length draws' tail (log-normal sigmas assumed) is one candidate.
 * The run-level fit (simulation in the loop, `calibrate/gpu_run_fit.py`) exists with a
   synthetic round trip, but the shipped profile is not fitted with it: it lacks runs it may
   see. The one serving-run group besides the test set with per-adapter rates,

@@ -54,3 +54,21 @@ def test_a_warmup_not_inside_the_window_is_refused(runs):
     coeffs = load_profile(PROFILES_DIR / f"{PROFILE_NAME}.yaml").coefficients
     with pytest.raises(ValueError, match="warmup_s=60.0 with window_s=60.0"):
         predict_run(runs[0], coeffs, window_s=60.0, warmup_s=60.0)
+
+
+def test_the_runs_adapters_start_in_the_host_cache(runs):
+    """The fork's server loads all max_cpu_loras adapters from disk at start-up, so the
+    replay's slot loads are host-to-device only: the profile's host-cache (disk) term changes
+    nothing, while the same run with every first load cold would."""
+    run = next(r for r in runs if r.max_loras < len(r.adapter_rates) and sum(r.adapter_rates) < 3)
+    coeffs = load_profile(PROFILES_DIR / f"{PROFILE_NAME}.yaml").coefficients
+    assert coeffs.adapter_disk_load_overhead_s > 0
+    no_disk = coeffs.model_copy(update=dict(adapter_disk_load_overhead_s=0.0,
+                                            adapter_disk_read_s_per_gib=0.0))
+    assert _ttft(run, coeffs) == _ttft(run, no_disk)
+    assert _ttft(run, coeffs, preload_cpu_loras=False) != _ttft(run, no_disk)
+
+
+def _ttft(run, coeffs, **what_if) -> tuple[float, float]:
+    predicted = predict_run(run, coeffs, window_s=60.0, warmup_s=10.0, **what_if)
+    return predicted["ttft_p50_s"], predicted["ttft_p99_s"]
