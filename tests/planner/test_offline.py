@@ -40,6 +40,8 @@ def test_offline_scenario_is_simulated_and_says_planning_needs_a_rate(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.count(OFFLINE_NOTE) == 1
     assert "failed" not in done.stdout + done.stderr
+    # No plan: the pricing line names the profile of the scenario's own GPU.
+    assert "  A100-80GB priced by profile a100-80gb-" in done.stdout, done.stdout
     tables = tmp_path / "out" / "offline" / "tables"
     summary = pd.read_csv(tables / "sim_summary.csv")
     assert list(summary["strategy"]) == ["base", "multi_lora"]
