@@ -116,11 +116,14 @@ FIT_TP = (2, 4)
 TP 8 is held out."""
 
 
-def fit_communication_on_splitwise(coeffs, gpu_kind: str, records: list) -> dict:
-    """`communication_latency_s` refitted on `gpu_kind`'s token steps at `FIT_TP` (everything
-    else kept, the all-reduce bandwidth efficiency too: a decode step's all-reduces are a few
-    hundred KB, latency-bound), then scored on every TP: does the cost model's all-reduce
-    term, given Splitwise's own steps, carry to TP 8?"""
+def fit_communication_on_splitwise(coeffs, gpu_kind: str, records: list, *,
+                                   per_gpu: bool = False) -> dict:
+    """The ring all-reduce's latency refitted on `gpu_kind`'s token steps at `FIT_TP`, the
+    per-degree `all_reduce_fits` dropped (everything else kept, the ring's bandwidth
+    efficiency too: a decode step's all-reduces are a few hundred KB, latency-bound), then
+    scored on every TP: does the cost model's all-reduce term, given Splitwise's own steps,
+    carry to TP 8? With `per_gpu`, the latency is a + b x TP (a cost per GPU in the
+    all-reduce, as rank skew or per-rank launches would add), else one constant a."""
     from scipy.optimize import least_squares
 
     chosen = [r for r in records if HARDWARE[r.hardware] == gpu_kind
@@ -128,19 +131,26 @@ def fit_communication_on_splitwise(coeffs, gpu_kind: str, records: list) -> dict
     train = [r for r in chosen if r.tensor_parallel in FIT_TP]
     profiles: dict = {}
 
-    def coeffs_at(x):
-        return coeffs.model_copy(update=dict(communication_latency_s=float(x[0]) * 1e-6))
+    def coeffs_at(x, tp: int):
+        latency_us = x[0] + (x[1] * tp if per_gpu else 0.0)
+        # Without the per-degree table, so that the ring formula's latency prices every TP.
+        return coeffs.model_copy(update=dict(communication_latency_s=float(latency_us) * 1e-6,
+                                             all_reduce_fits=()))
 
     def residuals(x):
-        c = coeffs_at(x)
-        return np.array([np.log(_predict(c, r, profiles)[1] * 1e3 / r.token_time_ms)
-                         for r in train])
+        return np.array([np.log(_predict(coeffs_at(x, r.tensor_parallel), r, profiles)[1]
+                                * 1e3 / r.token_time_ms) for r in train])
 
-    sol = least_squares(residuals, [coeffs.communication_latency_s * 1e6], bounds=(0.0, 1e4))
-    fitted = coeffs_at(sol.x)
-    rows = splitwise_rows({gpu_kind: fitted}, records=chosen)
-    return dict(gpu=gpu_kind, fit_tp=list(FIT_TP),
-                communication_latency_s=fitted.communication_latency_s, summary=summarize(rows))
+    start = [coeffs.communication_latency_s * 1e6] + ([1.0] if per_gpu else [])
+    sol = least_squares(residuals, start, bounds=(0.0, 1e4))
+    rows = []
+    for tp in sorted({r.tensor_parallel for r in chosen}):
+        rows += splitwise_rows({gpu_kind: coeffs_at(sol.x, tp)},
+                               records=[r for r in chosen if r.tensor_parallel == tp])
+    return dict(gpu=gpu_kind, fit_tp=list(FIT_TP), per_gpu=per_gpu,
+                communication_latency_s=sol.x[0] * 1e-6,
+                latency_per_gpu_s=(sol.x[1] * 1e-6 if per_gpu else 0.0),
+                summary=summarize(rows))
 
 
 def per_setting(rows: list[dict]) -> list[dict]:
@@ -169,8 +179,8 @@ def splitwise_section(coeffs_by_gpu: dict, profile_names: dict,
     rows = splitwise_rows(coeffs_by_gpu, root, records=records)
     return dict(profiles=profile_names, source=SOURCE, summary=summarize(rows),
                 settings=per_setting(rows),
-                tp_refit=[fit_communication_on_splitwise(c, gpu, records)
-                          for gpu, c in coeffs_by_gpu.items()])
+                tp_refit=[fit_communication_on_splitwise(c, gpu, records, per_gpu=per_gpu)
+                          for per_gpu in (False, True) for gpu, c in coeffs_by_gpu.items()])
 
 
 def _pct(x: float) -> str:
@@ -196,40 +206,50 @@ def render_section(section: dict) -> list[str]:
               for r in section["summary"]]
     lines += ["", "### The all-reduce latency refitted on Splitwise's TP 2 and 4 token steps, "
               "checked on TP 8", "",
-              "Everything else as above; `communication_latency_s` (one value per all-reduce, "
-              "as the cost model prices it) fitted on the token steps at TP 2 and 4 of each "
-              "machine, then every step scored. Not shipped (see below).", "",
+              "Everything else as above, the per-degree all-reduce fits dropped: the ring "
+              "all-reduce's latency fitted on the token steps at TP 2 and 4 of each machine, "
+              "either one value per all-reduce or a + b x TP (a cost per GPU taking part), "
+              "then every step scored. Not shipped (see below).", "",
               "| machine | fitted latency per all-reduce | TP | phase | median abs error | "
               "median error |", "|---|---:|---:|---|---:|---:|"]
     for fit in section["tp_refit"]:
+        latency = f"{fit['communication_latency_s'] * 1e6:.0f} us"
+        if fit["per_gpu"]:
+            latency += f" + {fit['latency_per_gpu_s'] * 1e6:.1f} us x TP"
         for r in fit["summary"]:
-            lines.append(f"| {r['hardware']} | {fit['communication_latency_s'] * 1e6:.0f} us | "
-                         f"{r['tp']} | {r['phase']} | {r['median_abs_error']:.1%} | "
-                         f"{_pct(r['median_error'])} |")
-    return lines + ["", SPLITWISE_NOTES]
+            lines.append(f"| {r['hardware']} | {latency} | {r['tp']} | {r['phase']} | "
+                         f"{r['median_abs_error']:.1%} | {_pct(r['median_error'])} |")
+    return lines + ["", SPLITWISE_NOTES, "", UNCHECKED_NOTES]
 
 
 SPLITWISE_NOTES = """### What the Splitwise errors say
 
-* TP 2 is closest: token steps within 5-6% (median), prompts 7% slow on the H100 and 17% slow
+* TP 2 is closest: token steps within 5-7% (median), prompts 7% slow on the H100 and 17% slow
   on the A100 (single prompts), batches of 2-32 prompts 4-9% slow: the vidur-fitted dense
   roofline carries to a model (Llama-2-70B's operators were held out) and an engine the fit
   never saw.
-* The error grows with TP, one way: predicted steps are too fast. Splitwise's steps scale
-  worse with TP than vidur's operators and all-reduces do. Token time barely falls from TP 4
-  to TP 8 (batch 1, 512-token prompts: 44.5 -> 45.0 ms on the A100, 29.4 -> 30.6 ms on the
-  H100) while each GPU's weights halve; a prefill of 64 x 512 tokens takes 7.55 s at TP 8 on
-  the A100 where the profile's operators and all-reduces add to 4.2 s. vidur's per-GPU
-  operator times at TP 8 are in the fit (13-15% MAPE per layer) and its 8-worker
-  all-reduces, held out, are predicted within 6-14% (MAPE, profile `fit.errors`); their floor
-  is flat in the workers (30-60 us at 2, 4 and 8 GPUs of one DGX). Refitting the cost model's
-  per-all-reduce latency on Splitwise's TP 2 and 4 token steps closes TP 4 but leaves TP 8
-  25-31% fast (table above): the missing time grows with the workers, which neither a fixed
-  latency per all-reduce nor vidur's measurements show. Candidates, not checked: how
-  Splitwise's engine (not the vLLM 0.8.5 whose host costs the profiles carry) drives its TP
-  workers each step, and all-reduces contending with compute. The cost model has no step cost
-  that grows with TP, so TP 4-8 plans priced by these profiles are optimistic by about this
-  much; the shipped profiles keep vidur's all-reduce terms.
+* The error grows with TP, one way: predicted steps are too fast (token steps at TP 8: 45%).
+  Splitwise's steps scale worse with TP than vidur's operators and all-reduces do. Token time
+  barely falls from TP 4 to TP 8 (batch 1, 512-token prompts: 44.5 -> 45.0 ms on the A100,
+  29.4 -> 30.6 ms on the H100) while each GPU's weights halve; a prefill of 64 x 512 tokens
+  takes 7.55 s at TP 8 on the A100 where the profile's operators and all-reduces add to
+  4.2 s. The profiles price each TP degree's all-reduces by a latency and a bandwidth fitted
+  on vidur's NCCL times of that degree (`all_reduce_fits`, 5-15% MAPE over 994 sizes): a
+  decode step's all-reduces (16 KB per sequence) cost 26-44 us each, about as much at 8 GPUs
+  as at 4 (vidur's small-message times are flat in the workers: 30-40 us at 4 and 8 GPUs of
+  one DGX), so 160 of them add 4-7 ms to a step at every TP degree. Fitting them per
+  degree instead of one ring formula moved TP 8's token error by under 1 point (-45.7% ->
+  -44.9% on the A100, -44.7% -> -44.6% on the H100): the missing time is not in the
+  all-reduce kernels vidur times (NCCL kernels alone, after a barrier, per rank).
+* What does carry to TP 8 (table above, fitted on Splitwise's TP 2 and 4 token steps): one
+  latency per all-reduce leaves TP 8 25-31% fast, while a latency of a + b x TP (A100:
+  25 us per GPU; H100: 22 us + 14 us per GPU) predicts TP 8's held-out token steps 9-11% slow
+  and its prompts within 5-13% (median |error|). The time Splitwise's steps lose grows
+  about linearly with the GPUs in each all-reduce: what rank skew (every all-reduce waits
+  for the slowest rank) or per-rank launches add, which vidur's own predictor prices by a
+  configured `nccl_cpu_skew_overhead_per_device_ms` x TP^1.25, not by a measurement. It is
+  not shipped: the profiles' TP terms come from vidur alone, so Splitwise stays held out
+  for them. TP 4-8 plans priced by these profiles are optimistic by the errors above.
 * TP 2, batch 64: Splitwise's prompt times (0.79 s on the A100, 0.36 s on the H100) are below
   its batch-32 times (6.6 s, 2.4 s), where every other batch grows linearly: these rows are
   not a 64-prompt prefill (at TP 2 the batch may not fit beside the 140 GB of weights). They
@@ -245,3 +265,21 @@ SPLITWISE_NOTES = """### What the Splitwise errors say
   against the shipped 0.47 / 0.85 / 35 us and 0.54 / 0.75 / 41 us. One roofline with one
   floor does not bend at the knee as the kernels do (13-15% MAPE per layer either way); the
   log-spaced counts weigh decode-sized batches as much as prefill chunks."""
+
+
+UNCHECKED_NOTES = """### TP over PCIe and the KV pool on 24-48 GB GPUs: not checkable with this data
+
+* TP over PCIe. llmservingsim's RTX PRO 6000 profiles (vLLM 0.19) have `tp1` and `tp2`
+  folders, but its profiler runs one TP degree at a time on one GPU (its README): the three
+  `meta.yaml` files with `tp_degrees: [1, 2]` record `tensor_parallel_size: 1` with heads, KV
+  heads, intermediate size and vocabulary halved (`hf_overrides`), where the RTX 4090's
+  (`tp_degrees: [1]`) keeps Llama-3.1-8B's full shapes. The `tp2` times are one rank's share
+  of the compute on a single GPU, with no all-reduce in them, so `tp2` less `tp1` is compute
+  saved, not PCIe communication: nothing here measures an all-reduce over PCIe. A TP step on
+  a GPU without NVLink is priced by the ring formula over the catalogue's PCIe bandwidth with
+  the profile's `communication_efficiency` and `communication_latency_s`, fitted on NVLink.
+* The KV pool on small GPUs. All four llmservingsim `meta.yaml` files (RTX 4090, RTX PRO
+  6000) run a one-layer model (`num_hidden_layers: 1` in `hf_overrides`) with dummy weights
+  (`load_format: dummy`) at `gpu_memory_utilization: 0.9`, and none records the KV blocks
+  vLLM allocated; the memory model's KV pool of a whole model on these cards has nothing to
+  be compared with in this data."""

@@ -14,7 +14,10 @@ What is fitted, per GPU kind, on the repository's vidur slice (`data/gpu/vidur`,
   operators are held out (scored in the profile's `fit.errors`), so the Splitwise check
   (`calibrate.gpu_splitwise`, Llama-2-70B whole steps) is on a model the fit never saw.
 * `communication_efficiency`, `communication_latency_s`: the DGX all-reduce times of 2 and 4
-  workers against the cost model's ring all-reduce; the 8-worker times are held out.
+  workers against the cost model's ring all-reduce; the 8-worker times are held out. This
+  prices TP degrees the table below does not list.
+* `all_reduce_fits`: a latency and a bandwidth per TP degree (2, 4, 8) on the same all-reduce
+  times (`calibrate.gpu_all_reduce`): what a step at those degrees is priced by.
 
 Kept from the H100-64GB fit (`calibrate.gpu_fit`, agullo-dt, vLLM 0.8.5): attention efficiency
 (vidur's attention profiles are not in the team's copy), per-sequence and adapter-load costs,
@@ -34,6 +37,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from calibrate.fitter import error_row
+from calibrate.gpu_all_reduce import AllReduceTableFit, fit_all_reduce_table
 from sim.cost.layer_costs import create_layer_costs
 from sim.hardware.catalogue import get_gpu
 from sim.hardware.specs import GpuSpec, ModelArch
@@ -235,6 +239,7 @@ class VidurFit:
     gpu: str
     dense: TermFit
     communication: TermFit
+    all_reduce_table: AllReduceTableFit
     num_layer_samples: int
     num_all_reduce_rows: int
     models: tuple[str, ...]
@@ -252,8 +257,10 @@ def fit_vidur(gpu_kind: str, root: Path = VIDUR_DIR) -> VidurFit:
     collectives = result.records.get("collective_time", [])
     dense = fit_dense(samples, gpu)
     comm = fit_communication(collectives, network, gpu)
-    return VidurFit(gpu_kind, dense, comm, len(samples),
-                    len(_one_node_all_reduces(collectives, network)),
+    one_node = _one_node_all_reduces(collectives, network)
+    table = fit_all_reduce_table(one_node, network, "nvlink",
+                                 f"vidur@{VIDUR_COMMIT} data/gpu/vidur")
+    return VidurFit(gpu_kind, dense, comm, table, len(samples), len(one_node),
                     tuple(sorted({s.model for s in samples})), tuple(skipped))
 
 
@@ -265,6 +272,7 @@ def _coefficients(source, gpu_kind: str, fit: VidurFit, h100_layer_s: float):
     scaled = scale_profile(source, gpu_kind, PROFILE_NAMES[gpu_kind]).coefficients
     host_s = max(0.0, source.coefficients.step_overhead_s - SOURCE_NUM_LAYERS * h100_layer_s)
     return scaled.model_copy(update={**fit.dense.values, **fit.communication.values,
+                                     "all_reduce_fits": fit.all_reduce_table.fits,
                                      "step_overhead_s": host_s})
 
 
@@ -280,7 +288,9 @@ def _description(source, fit: VidurFit, host_s: float, h100_layer_s: float) -> s
         f"{', '.join(m for m in fit.models if m != HELD_OUT_MODEL)}; {HELD_OUT_MODEL} held "
         f"out) fit gemm_flops_efficiency, memory_bandwidth_efficiency and layer_overhead_s; "
         f"its one-node DGX all-reduce times ({fit.num_all_reduce_rows} rows; 8 workers held "
-        f"out) fit communication_efficiency and communication_latency_s. Engine of "
+        f"out) fit communication_efficiency and communication_latency_s, and per TP degree "
+        f"(2, 4, 8, each on its own rows) the all_reduce_fits that price those degrees. "
+        f"Engine of "
         f"the operator times: vidur's profiler (each operator timed alone in PyTorch, no "
         f"serving engine). Not measured on {fit.gpu}: attention efficiency, per-sequence and "
         f"adapter-load costs kept from profile {source.name} ({source.engine.name} "
@@ -307,9 +317,10 @@ def create_vidur_profile(source, gpu_kind: str, root: Path = VIDUR_DIR,
     h100_layer_s = h100.dense.values["layer_overhead_s"]
     coeffs = _coefficients(source, gpu_kind, fit, h100_layer_s)
     steps = splitwise_error_rows(coeffs, gpu_kind, splitwise_root or SPLITWISE_DIR)
-    result = FitResult(coeffs=coeffs, terms=DENSE_TERMS + COMM_TERMS,
+    result = FitResult(coeffs=coeffs, terms=DENSE_TERMS + COMM_TERMS + ("all_reduce_fits",),
                        stderr={**fit.dense.stderr, **fit.communication.stderr},
-                       errors=fit.dense.errors + fit.communication.errors + steps,
+                       errors=fit.dense.errors + fit.communication.errors
+                       + fit.all_reduce_table.errors + steps,
                        term_shares={}, num_iterations=0)
     settings = dict(source.engine.settings)
     settings["dataset"] = f"vidur@{VIDUR_COMMIT} (dense, all-reduce); {settings['dataset']} " \

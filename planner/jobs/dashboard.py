@@ -297,9 +297,15 @@ def pricing(scenario: Scenario | ResolvedScenario, base_dir: Path | None = None)
     resolved = as_resolved(scenario, base_dir)
     scenario = resolved.scenario
     source = resolved.source(scenario.hardware.gpu_spec.name)
-    rows = [dict(coefficient=name, value=getattr(source.coeffs, name),
-                 meaning=CostCoeffs.model_fields[name].description or "")
-            for name in CostCoeffs.model_fields]
+    rows = []
+    for name, info in CostCoeffs.model_fields.items():
+        value = getattr(source.coeffs, name)
+        if isinstance(value, tuple):  # all_reduce_fits: one numeric row per fitted value
+            rows += [dict(coefficient=f"{name}[tp={f.tensor_parallel_size}, {f.interconnect}]"
+                          f".{key}", value=getattr(f, key), meaning=f.source)
+                     for f in value for key in ("latency_s", "bandwidth_bytes_per_s")]
+        else:
+            rows.append(dict(coefficient=name, value=value, meaning=info.description or ""))
     fit = source.profile.fit.errors if source.profile is not None else []
     return dict(profile=source.profile.name if source.profile else None,
                 derivation=source.profile.derivation if source.profile else "",

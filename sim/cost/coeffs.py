@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sim.cost.tp_communication import AllReduceFit
 from sim.hardware.specs import GpuSpec
 
 
@@ -62,6 +63,10 @@ class CostCoeffs(BaseModel):
     """Achieved share of NVLink bandwidth in tensor-parallel all-reduces."""
     communication_latency_s: float = Field(default=10e-6, ge=0, le=1)
     """Latency of one all-reduce."""
+    all_reduce_fits: tuple[AllReduceFit, ...] = ()
+    """Fitted all-reduce times per TP degree and interconnect (`sim.cost.tp_communication`): a
+    step at a TP degree listed here prices its all-reduces by that fit; other degrees by the
+    ring formula with `communication_efficiency` and `communication_latency_s`."""
     step_overhead_s: float = Field(default=2e-3, ge=0, le=10)
     """Fixed cost of every step (scheduling, sampling, launches)."""
     per_sequence_overhead_s: float = Field(default=10e-6, ge=0, le=1)

@@ -21,6 +21,7 @@ from sim.cost.coeffs import (  # noqa: F401  (re-exported: callers import them f
 )
 from sim.cost.layer_costs import LayerCosts
 from sim.cost.lora_kernels import lora_program_counts
+from sim.cost.tp_communication import find_all_reduce_fit, tensor_parallel_communication_s
 
 
 @dataclass(frozen=True)
@@ -289,13 +290,15 @@ def _direft_s(c: CostCoeffs, p: LayerCosts, batch: StepBatch, mask: np.ndarray) 
 
 
 def _communication_s(c: CostCoeffs, p: LayerCosts, tokens: np.ndarray) -> float:
-    """Two ring all-reduces of the activations per layer under tensor parallelism."""
+    """Two all-reduces of the activations per layer under tensor parallelism."""
     if p.tp == 1:
         return 0.0
-    link = p.gpu.nvlink_bandwidth_bytes_per_s or p.gpu.pcie_bandwidth_bytes_per_s
-    num_bytes = tokens * p.hidden_size * 2
-    per_reduce = 2 * (p.tp - 1) / p.tp * num_bytes / (link * c.communication_efficiency)
-    return float((2 * (per_reduce + c.communication_latency_s) * (tokens > 0)).sum())
+    interconnect = "nvlink" if p.gpu.nvlink_bandwidth_bytes_per_s else "pcie"
+    return tensor_parallel_communication_s(
+        tp=p.tp, hidden_size=p.hidden_size, tokens_per_layer=tokens,
+        fit=find_all_reduce_fit(c.all_reduce_fits, p.tp, interconnect),
+        link_bytes_per_s=p.gpu.nvlink_bandwidth_bytes_per_s or p.gpu.pcie_bandwidth_bytes_per_s,
+        efficiency=c.communication_efficiency, latency_s=c.communication_latency_s)
 
 
 def _model_terms(c: CostCoeffs, p: LayerCosts, batch: StepBatch, mask: np.ndarray) -> dict:
