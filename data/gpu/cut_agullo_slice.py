@@ -28,14 +28,14 @@ OUT = Path(__file__).resolve().parent / "agullo-dt"
 RUN = re.compile(r"_(\d+)_(\d+)_(\d+)__(\d+)_(\d+)_(\d+)$")
 
 
-def overhead_steps(trace: Path) -> None:
+def overhead_steps(trace: Path, out_dir: Path = OUT) -> None:
     steps: dict[str, list[tuple[float, int]]] = defaultdict(list)
     with gzip.open(trace, "rt", encoding="utf-8") as fh:
         for row in csv.DictReader(fh):
             if "overhead_small/output" in row["run_id"] and row["interval_since_prev_step_ms"]:
                 steps[row["run_id"]].append((float(row["interval_since_prev_step_ms"]),
                                              int(row["unique_adapters_in_batch"])))
-    with open(OUT / "overhead_steps.csv", "w", newline="", encoding="utf-8") as fh:
+    with open(out_dir / "overhead_steps.csv", "w", newline="", encoding="utf-8") as fh:
         out = csv.writer(fh, lineterminator="\n")
         out.writerow(["run_id", "max_num_seqs", "max_loras", "max_lora_rank", "input_len",
                       "output_len", "restrict_loras", "num_main_steps", "median_step_ms",
@@ -51,15 +51,15 @@ def overhead_steps(trace: Path) -> None:
                           round(statistics.median(s for s, _ in warmup), 4) if warmup else ""])
 
 
-def main(full: Path) -> None:
+def main(full: Path, out_dir: Path = OUT) -> None:
     src = full / "agullo-dt"
-    OUT.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src / "LICENSE", OUT / "LICENSE")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src / "LICENSE", out_dir / "LICENSE")
     loading = src / "raw" / "digital_twin_dynamic" / "estimators" / "predictor_loading"
     for model in ("llama-3.1-8b-instruct", "qwen-2.5-7b-instruct"):
         shutil.copyfile(loading / f"{model}_constants.json",
-                        OUT / f"predictor_loading_{model}_constants.json")
-    overhead_steps(src / "derived" / "per_step_scheduler_trace.csv.gz")
+                        out_dir / f"predictor_loading_{model}_constants.json")
+    overhead_steps(src / "derived" / "per_step_scheduler_trace.csv.gz", out_dir)
 
 
 if __name__ == "__main__":
