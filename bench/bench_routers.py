@@ -20,6 +20,7 @@ import re
 import statistics
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from sim.strategies.router_card import RouterCard, load_router_card
 
@@ -28,7 +29,7 @@ def card_rows(card: RouterCard) -> list[dict]:
     """One flat row per setting of a card."""
     rows = []
     for s in card.settings:
-        d = s.decision
+        d = s.decision or _PENDING  # not timed yet: the table says "pending"
         rows.append(dict(router=card.router, card=card.name, model=card.model,
                          routing_layer=card.routing_layer, num_params=card.num_params,
                          setting=s.setting, num_options=s.num_options, num_test=s.num_test,
@@ -44,6 +45,10 @@ def card_rows(card: RouterCard) -> list[dict]:
                          train_seconds=s.train_seconds_mean, cpu=cpu_short(card.hardware.cpu),
                          load_average=card.hardware.load_average[0]))
     return rows
+
+
+_PENDING = SimpleNamespace(p50_ms=None, p99_ms=None, batched_p50_ms=None, batch_size=None,
+                           p50_cpu_ms=None, batched_p50_cpu_ms=None, num_requests=None)
 
 
 def cpu_short(cpu: str) -> str:
@@ -72,9 +77,10 @@ def table(rows: list[dict]) -> str:
             f"| {r['router']} | {r['model']} ({r['routing_layer']}) | {r['num_params']:,} | "
             f"{r['setting']} | {r['num_options']} | {r['num_test']} | "
             f"{100 * r['accuracy_mean']:.1f} +- {100 * r['accuracy_std']:.1f}% | "
-            f"{_ms(r['p50_ms'])} / {_ms(r['p99_ms'])} ({r['num_timed']}) | "
-            f"{_ms(r['p50_cpu_ms'])} | "
-            f"{_ms(r['batched_p50_ms'])} (x{r['batch_size']}) | {_ms(r['standalone_p50_ms'])} | "
+            + (f"{_ms(r['p50_ms'])} / {_ms(r['p99_ms'])} ({r['num_timed']}) | "
+               f"{_ms(r['p50_cpu_ms'])} | {_ms(r['batched_p50_ms'])} (x{r['batch_size']}) | "
+               if r["num_timed"] else "pending | pending | pending | ")
+            + f"{_ms(r['standalone_p50_ms'])} | "
             f"{_work(r)} | {r['train_seconds']:.0f} | "
             f"{r['cpu']}, {r['load_average']:.1f} |")
     return "\n".join(lines)

@@ -40,6 +40,8 @@ class Backbone:
                  stamp: str, cache_dir: Path) -> None:
         self.name, self.tokenize, self.state_fn, self.embed = name, tokenize, state_fn, embed
         self.d_model, self.layer, self.stamp, self.cache_dir = d_model, layer, stamp, cache_dir
+        self.d_query = d_model
+        """Width of the query `pooled` returns (a feature set is wider than one state)."""
 
     @torch.no_grad()
     def pooled(self, texts: tuple[str, ...], batch: int = 32) -> torch.Tensor:
@@ -100,6 +102,33 @@ class LayerCacheBackbone(Backbone):
                 raise KeyError(f"texts missing from {self.cache.folder} and no engine to run")
             self.cache.fill(texts, self._fill_engine, self.tokenize, batch)
         return torch.from_numpy(self.cache.states(texts, self.pooling, [self.layer + 1])[0])
+
+
+class FeatureBackbone(Backbone):
+    """SmolLM2 read through a feature set (`probe_features.FeatureSpec`): the query is the
+    concatenation of several layers' pooled states up to the spec's deepest layer, read from a
+    filled `layer_cache` (`python -m engine_ext.routers.probe_layers --features --fill-only`)."""
+
+    def __init__(self, base: Backbone, cache, spec) -> None:
+        super().__init__(base.name, base.tokenize, base.state_fn, base.embed, base.d_model,
+                         spec.route_layer, base.stamp, base.cache_dir)
+        self.cache, self.spec, self._fill_engine = cache, spec, None
+        self.d_query = len(spec.layers) * len(spec.poolings) * base.d_model
+        self.pooling = "+".join(spec.poolings)
+
+    def with_engine(self, engine) -> FeatureBackbone:
+        """Texts missing from the cache are run through this engine's layers."""
+        self._fill_engine = engine
+        return self
+
+    @torch.no_grad()
+    def pooled(self, texts: tuple[str, ...], batch: int = 32) -> torch.Tensor:
+        """The spec's features per text [N, d_query]."""
+        from engine_ext.routers.probe_features import features
+
+        if self.cache.missing(texts) and self._fill_engine is not None:
+            self.cache.fill(texts, self._fill_engine, self.tokenize, batch)
+        return torch.from_numpy(features(self.cache, texts, self.spec))
 
 
 def smollm2_backbone(engine, tokenizer) -> Backbone:

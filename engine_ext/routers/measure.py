@@ -69,7 +69,7 @@ def measure(time_one: Callable[[int, int], float], num_items: int, includes: str
 
 
 def setting_result(routing_set: RoutingSet, num_test: int, accuracies: list[float],
-                   train_seconds: list[float], decision: DecisionTime,
+                   train_seconds: list[float], decision: DecisionTime | None,
                    work: DecisionWork) -> SettingResult:
     """One card row from the per-seed numbers."""
     std = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0

@@ -34,10 +34,11 @@ class PointerTask:
             raise ValueError(f"{len(self.queries)} queries for {len(self.labels)} labels")
 
 
-def create_head(d_model: int, seed: int, **shape) -> PointerHead:
-    """A freshly initialised pointer head (seeded); shape: d_head, num_heads, option_depth."""
+def create_head(d_model: int, seed: int, d_query: int | None = None, **shape) -> PointerHead:
+    """A freshly initialised pointer head (seeded) for queries of d_query (default d_model)
+    features; shape: d_head, num_heads, option_depth."""
     torch.manual_seed(seed)
-    return PointerHead(d_model, d_model, **shape)
+    return PointerHead(d_query or d_model, d_model, **shape)
 
 
 def train_pointer(head: PointerHead, tasks: list[PointerTask], *, steps: int, batch: int = 64,

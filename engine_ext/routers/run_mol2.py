@@ -34,13 +34,13 @@ def mol2_tasks(backbone: Backbone, routing_set: RoutingSet) -> dict[str, Pointer
             for split in [routing_set.split(name)]}
 
 
-def train_seeds(d_model: int, tasks: list[PointerTask], seeds: list[int], steps: int = STEPS
-                ) -> tuple[list[PointerHead], list[float]]:
+def train_seeds(d_model: int, tasks: list[PointerTask], seeds: list[int], steps: int = STEPS,
+                d_query: int | None = None) -> tuple[list[PointerHead], list[float]]:
     """One head per seed on `tasks`; returns heads and training seconds."""
     heads, seconds = [], []
     for seed in seeds:
         start = time.perf_counter()
-        head = create_head(d_model, seed, **HEAD_SHAPE)
+        head = create_head(d_model, seed, d_query, **HEAD_SHAPE)
         losses = train_pointer(head, tasks, steps=steps, seed=seed, batch=BATCH)
         curve = [round(sum(losses[i : i + 25]) / len(losses[i : i + 25]), 3)
                  for i in range(0, len(losses), 25)]
@@ -65,12 +65,12 @@ def save_head(head: PointerHead, path: Path) -> Path:
 
 
 def choose_steps(d_model: int, tasks: dict[str, PointerTask], grid: tuple[int, ...],
-                 seed: int = 0) -> tuple[int, dict[int, float]]:
+                 seed: int = 0, d_query: int | None = None) -> tuple[int, dict[int, float]]:
     """The length in `grid` with the best validation accuracy of seed 0's head (ties: the
     shorter); the test split is never looked at."""
     found = {}
     for steps in grid:
-        [head], _ = train_seeds(d_model, [tasks["train"]], [seed], steps)
+        [head], _ = train_seeds(d_model, [tasks["train"]], [seed], steps, d_query)
         found[steps] = accuracy(head, tasks["val"])
     return max(found, key=lambda s: (found[s], -s)), found
 
@@ -98,22 +98,26 @@ def _timers(backbone: Backbone, head: PointerHead, routing_set: RoutingSet,
 
 def mol2_setting(backbone: Backbone, routing_set: RoutingSet, seeds: list[int],
                  heads_dir: Path, grid: tuple[int, ...] = (),
-                 timed: SettingResult | None = None) -> tuple[SettingResult, PointerHead]:
+                 timed: SettingResult | None = None, *, is_timed: bool = True
+                 ) -> tuple[SettingResult, PointerHead]:
     """Train one head per seed (for `grid`'s length with the best validation accuracy, its one
     length, else STEPS), test each, time seed 0's (or keep the decision times of `timed`, a
-    row measured before on the same head shape and options); returns the row and seed 0's
-    head."""
+    row measured before on the same head shape and options; or, with is_timed False, leave
+    them pending); returns the row and seed 0's head."""
     tasks = mol2_tasks(backbone, routing_set)
-    steps, val = (choose_steps(backbone.d_model, tasks, grid) if len(grid) > 1
+    d_query = getattr(backbone, "d_query", backbone.d_model)
+    steps, val = (choose_steps(backbone.d_model, tasks, grid, d_query=d_query) if len(grid) > 1
                   else (grid[0] if grid else STEPS, {}))
-    heads, seconds = train_seeds(backbone.d_model, [tasks["train"]], seeds, steps)
+    heads, seconds = train_seeds(backbone.d_model, [tasks["train"]], seeds, steps, d_query)
     accs = [accuracy(h, tasks["test"]) for h in heads]
     print(f"mol2 {backbone.name} {routing_set.name}: {len(tasks['train'].labels)} training "
           f"queries, validation {val}, {steps} steps of {BATCH} "
           f"({steps * BATCH / len(tasks['train'].labels):.1f} epochs); test accuracy per seed "
           f"{[round(a, 4) for a in accs]}", flush=True)
     save_head(heads[0], heads_dir / f"mol2_{backbone.name}_{routing_set.name}.safetensors")
-    if timed is None:
+    if not is_timed:
+        decision = alone = None
+    elif timed is None:
         in_engine, standalone, n = _timers(backbone, heads[0], routing_set, tasks["test"])
         decision = measure(in_engine, n, "mean-pool of the layer-k states the request's "
                            "prefill already computed + pointer head over cached option "

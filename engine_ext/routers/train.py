@@ -123,7 +123,8 @@ def run_mol2(args, sets, backbone, card_name: str, router_key: str) -> None:
     rows, timed = [], _timed_rows(args, card_name)
     for name in args.settings:
         row, head = m.mol2_setting(backbone, sets[name], args.seeds, CACHE_DIR / "heads",
-                                   tuple(args.mol2_steps), timed.get(name))
+                                   tuple(args.mol2_steps), timed.get(name),
+                                   is_timed=not args.untimed)
         rows.append(row)
         # the vLLM test's heads read layer ROUTE_LAYER mean-pooled: only that card makes them
         if name == VLLM_SETTING and card_name == "mol2-smollm2":
@@ -134,16 +135,25 @@ def run_mol2(args, sets, backbone, card_name: str, router_key: str) -> None:
             m.save_head(control[0], args.heads / f"mol2_smollm2_{name}_shuffled.safetensors")
     _card(card_name, "mol2", backbone.name, backbone.layer, rows[0].work.num_head_params, args,
           rows, f"pointer head {m.HEAD_SHAPE}, query standardised per feature, AdamW lr 2e-3 "
-          f"one-cycle, batches of {m.BATCH} {getattr(backbone, 'pooling', 'mean')}-pooled "
-          f"layer-{backbone.layer} states, "
+          f"one-cycle, batches of {m.BATCH} " + _query_text(backbone) + ", "
           f"{_train_sizes(sets, args.settings)}, "
           + (f"steps per setting chosen among {args.mol2_steps} by seed 0's validation "
              "accuracy (printed in the log; the test split is not looked at)"
              if len(args.mol2_steps) > 1 else _epochs(sets, args.settings,
                                                      (args.mol2_steps or [m.STEPS])[0], m.BATCH))
           + (", decision times kept from the card's earlier measurement"
-             if args.keep_timings else ""),
+             if args.keep_timings else "")
+          + (", decision times pending (not timed on a loaded machine; time them with "
+             "this command without --untimed)" if args.untimed else ""),
           [sets[n] for n in args.settings])
+
+
+def _query_text(backbone) -> str:
+    spec = getattr(backbone, "spec", None)
+    if spec is not None:
+        return (f"queries of the feature set {spec.label} ({backbone.d_query} features: the "
+                "pooled states of those layers side by side, L-1 the token embeddings)")
+    return f"{getattr(backbone, 'pooling', 'mean')}-pooled layer-{backbone.layer} states"
 
 
 def _train_sizes(sets, names) -> str:
@@ -240,11 +250,31 @@ def mol2_card_name(layer: int, pooling: str) -> str:
     return f"mol2-smollm2-l{layer}" + ("" if pooling == "mean" else f"-{pooling}")
 
 
+def mol2_feature_card_name(spec) -> str:
+    """The SmolLM2 MoL2 card of a feature set: mol2-smollm2-l8-x6-mean-max for six layers up
+    to 8, mean and max pooled."""
+    return (f"mol2-smollm2-l{spec.route_layer}-x{len(spec.layers)}-"
+            + "-".join(spec.poolings))
+
+
 def _mol2_smollm2(args, smollm2, engine, tokenizer):
-    """MoL2's SmolLM2 backbone and card name for --route-layer / --pooling / --layer-cache."""
-    from engine_ext.routers.backbones import LayerCacheBackbone, smollm2_backbone
+    """MoL2's SmolLM2 backbone and card name for --route-layer / --pooling / --layer-cache /
+    --feature-layers."""
+    from engine_ext.routers.backbones import (
+        FeatureBackbone,
+        LayerCacheBackbone,
+        smollm2_backbone,
+    )
     from engine_ext.routers.layer_cache import LayerCache
     from engine_ext.routers.states import load_route_engine
+
+    if args.feature_layers:
+        from engine_ext.routers import probe_features as pf
+
+        spec = pf.FeatureSpec(tuple(args.feature_layers), tuple(args.feature_poolings))
+        cache = LayerCache(args.layer_cache or pf.DEFAULT_CACHE, pf.MAX_LAYER + 1)
+        backbone = FeatureBackbone(smollm2, cache, spec).with_engine(engine)
+        return backbone, mol2_feature_card_name(spec)
 
     layer = ROUTE_LAYER if args.route_layer is None else args.route_layer
     if (layer, args.pooling, args.layer_cache) == (ROUTE_LAYER, "mean", None):
@@ -284,6 +314,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="MoL2 on SmolLM2: read queries from this all-layer cache "
                              "(routers.layer_cache, filled on demand); implied by --route-layer "
                              "or --pooling last (default folder .cache/engine_ext/routers/layers)")
+    parser.add_argument("--feature-layers", type=int, nargs="+", default=None,
+                        help="MoL2 on SmolLM2: read a feature set (probe_features): these "
+                             "layers' pooled states side by side (-1: token embeddings), from "
+                             "the --features layer cache (default out/routers/layers_l9)")
+    parser.add_argument("--feature-poolings", nargs="+", choices=("mean", "last", "max"),
+                        default=["mean"], help="with --feature-layers: the poolings")
+    parser.add_argument("--untimed", action="store_true",
+                        help="MoL2: do not time decisions (a loaded machine); the card's "
+                             "decision times stay pending")
     parser.add_argument("--keep-timings", action="store_true",
                         help="MoL2: keep the decision times of the card's existing rows "
                              "instead of timing again")

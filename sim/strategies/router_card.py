@@ -82,8 +82,9 @@ class SettingResult(FrozenModel):
     """Sample standard deviation over seeds (0 for one seed)."""
     train_seconds_mean: float = Field(ge=0)
     """Mean training wall time per seed (cached frozen states not included)."""
-    decision: DecisionTime
-    """Measured decision time, as the router runs in the serving engine."""
+    decision: DecisionTime | None = None
+    """Measured decision time, as the router runs in the serving engine; None: not timed yet
+    (pending a quiet machine; the card's `training` says the command)."""
     standalone: DecisionTime | None = None
     """Measured as a separate request (the prefill up to the routing layer included), where that
     differs from `decision` (MoL2 in the engine shares the request's own prefill)."""

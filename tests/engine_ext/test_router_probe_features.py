@@ -92,3 +92,47 @@ def test_the_table_stars_a_feature_set_at_or_above_tfidf_and_lists_the_curve():
     assert ("* s, full (900 rows): best `L8 mean` 90.0 vs TF-IDF 90.0 (+0.0): reaches the "
             "baseline. From 90 to 900 training rows the probe's gap goes -5.0 -> +0.0 points."
             ) in text
+
+
+def _tiny_backbone(engine: DecoderOnlyEngine, tmp_path):
+    from engine_ext.routers.backbones import Backbone
+
+    def state_fn(tokens: torch.Tensor) -> torch.Tensor:
+        return engine.prefill_shared(engine.new_cache(tokens.shape[0]), tokens)
+
+    return Backbone("tiny", _tokenize, state_fn, engine.hf.model.embed_tokens,
+                    engine.cfg.hidden_size, 3, "tiny", tmp_path / "pooled")
+
+
+def test_mol2_reads_a_feature_set_fills_the_cache_on_demand_and_leaves_timing_pending(tmp_path):
+    import sys
+    from pathlib import Path
+
+    from engine_ext.routers.backbones import FeatureBackbone
+    from engine_ext.routers.run_mol2 import mol2_setting
+    from engine_ext.routers.train import mol2_feature_card_name
+
+    engine = _engine()
+    spec = FeatureSpec((-1, 0, 1), ("mean", "max"))
+    cache = LayerCache(tmp_path / "layers", num_layers=2)
+    backbone = FeatureBackbone(_tiny_backbone(engine, tmp_path), cache, spec).with_engine(engine)
+    assert (backbone.d_query, backbone.d_model, backbone.layer) == (6 * 32, 32, 1)
+    domains = domains4_set({"train": 8, "val": 2, "test": 4}, max_bytes=20_000)
+    with torch.enable_grad():
+        row, head = mol2_setting(backbone, domains, [0, 1], tmp_path / "heads", (3,),
+                                 is_timed=False)
+    np.testing.assert_allclose(backbone.pooled(domains.test.texts).numpy(),
+                               features(cache, domains.test.texts, spec))  # filled once
+    assert head.query_proj.in_features == 6 * 32 and head.option_in.in_features == 32
+    assert row.decision is None and row.standalone is None and len(row.accuracy_per_seed) == 2
+    assert mol2_feature_card_name(spec) == "mol2-smollm2-l1-x3-mean-max"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from bench_routers import card_rows, table
+
+    from sim.strategies.router_card import Hardware, RouterCard
+
+    card = RouterCard(name="c", router="mol2", model="tiny", routing_layer=1, num_params=5,
+                      seeds=(0, 1), training="t", command="c", data_sources=("a",),
+                      hardware=Hardware(cpu="cpu", num_threads=1, load_average=(1, 1, 1)),
+                      settings=(row,))
+    assert "| pending | pending | pending | - |" in table(card_rows(card))
