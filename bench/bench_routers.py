@@ -120,12 +120,16 @@ def summary_table(rows: list[dict], baselines: list[dict]) -> str:
              "|---|" + "---|" * len(SUMMARY_SETTINGS)]
     by_card: dict[str, dict[str, dict]] = {}
     layers: dict[str, set[int]] = {}
+    cards: dict[tuple, set[str]] = {}
     for r in rows:
         layers.setdefault(f"{r['router']} on {r['model']}", set()).add(r["routing_layer"])
+        cards.setdefault((r["router"], r["model"], r["routing_layer"]), set()).add(r.get("card"))
     for r in rows:  # cards of one router and model at several layers: one row per layer
         name = f"{r['router']} on {r['model']}"
         if len(layers[name]) > 1:
             name += f" layer {r['routing_layer']}"
+        if len(cards[(r["router"], r["model"], r["routing_layer"])]) > 1:  # and per card
+            name += f" ({r['card']})"
         by_card.setdefault(name, {})[r["setting"]] = r
     for name, found in by_card.items():
         lines.append(f"| {name} | " + " | ".join(

@@ -182,3 +182,8 @@ def test_the_summary_gives_one_row_per_layer_when_a_router_has_cards_at_two_laye
     two = summary_table([row(25, "clinc_intents150", 0.7), row(8, "clinc_intents150", 0.8)], [])
     assert "| mol2 on smollm2-135m layer 25 | - | - | - | 70.0 +- 1.0% |" in two
     assert "| mol2 on smollm2-135m layer 8 | - | - | - | 80.0 +- 1.0% |" in two
+    feats = row(8, "clinc_domains10", 0.98) | {"card": "mol2-smollm2-l8-x6-mean-max"}
+    three = summary_table([row(8, "clinc_intents150", 0.8) | {"card": "mol2-smollm2-l8"},
+                           feats], [])  # two cards at one layer: one row each
+    assert "| mol2 on smollm2-135m (mol2-smollm2-l8) | - | - | - | 80.0 +- 1.0% |" in three
+    assert "| mol2 on smollm2-135m (mol2-smollm2-l8-x6-mean-max) | - | 98.0 +- 1.0% |" in three
