@@ -112,13 +112,14 @@ class FeatureBackbone(Backbone):
     def __init__(self, base: Backbone, cache, spec) -> None:
         super().__init__(base.name, base.tokenize, base.state_fn, base.embed, base.d_model,
                          spec.route_layer, base.stamp, base.cache_dir)
-        self.cache, self.spec, self._fill_engine = cache, spec, None
+        self.cache, self.spec, self.engine = cache, spec, None
         self.d_query = len(spec.layers) * len(spec.poolings) * base.d_model
         self.pooling = "+".join(spec.poolings)
 
     def with_engine(self, engine) -> FeatureBackbone:
-        """Texts missing from the cache are run through this engine's layers."""
-        self._fill_engine = engine
+        """Texts missing from the cache are run through this engine's layers (and the decision
+        times are measured on it)."""
+        self.engine = engine
         return self
 
     @torch.no_grad()
@@ -126,8 +127,8 @@ class FeatureBackbone(Backbone):
         """The spec's features per text [N, d_query]."""
         from engine_ext.routers.probe_features import features
 
-        if self.cache.missing(texts) and self._fill_engine is not None:
-            self.cache.fill(texts, self._fill_engine, self.tokenize, batch)
+        if self.cache.missing(texts) and self.engine is not None:
+            self.cache.fill(texts, self.engine, self.tokenize, batch)
         return torch.from_numpy(features(self.cache, texts, self.spec))
 
 

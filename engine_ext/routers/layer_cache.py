@@ -45,6 +45,22 @@ def pool(h: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
+def all_layer_states(engine, tokens: torch.Tensor, num_layers: int | None = None
+                     ) -> list[torch.Tensor]:
+    """The token embeddings and the output of the first `num_layers` decoder layers (all when
+    None) of tokens [B, T]: a list of [B, T, D], the routers' own code path
+    (`DecoderOnlyEngine._run_layers`, one layer at a time)."""
+    cache = engine.new_cache(tokens.shape[0])
+    positions = torch.arange(tokens.shape[1])
+    h = engine.hf.model.embed_tokens(tokens)  # [B, T, D]
+    found = [h]
+    for idx in range(len(engine.layers) if num_layers is None else num_layers):
+        h = engine._run_layers(h, cache, idx, idx + 1, positions)
+        found.append(h)
+    return found
+
+
+@torch.no_grad()
 def all_layer_pooled(engine, ids: list[list[int]], num_layers: int | None = None
                      ) -> dict[str, torch.Tensor]:
     """Pooled states of the embeddings and the first `num_layers` decoder layers (all when
@@ -53,15 +69,8 @@ def all_layer_pooled(engine, ids: list[list[int]], num_layers: int | None = None
     Right padding is exact for a causal model: a real position never attends to a later pad.
     """
     tokens, mask = pad_token_lists(ids)
-    cache = engine.new_cache(tokens.shape[0])
-    positions = torch.arange(tokens.shape[1])
-    h = engine.hf.model.embed_tokens(tokens)  # [B, T, D]
-    found = {name: [v] for name, v in pool(h, mask).items()}
-    for idx in range(len(engine.layers) if num_layers is None else num_layers):
-        h = engine._run_layers(h, cache, idx, idx + 1, positions)
-        for name, v in pool(h, mask).items():
-            found[name].append(v)
-    return {name: torch.stack(vs) for name, vs in found.items()}
+    found = [pool(h, mask) for h in all_layer_states(engine, tokens, num_layers)]
+    return {name: torch.stack([f[name] for f in found]) for name in POOLINGS}
 
 
 def _digest(texts: list[str], num_layers: int | None) -> str:

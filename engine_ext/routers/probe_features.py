@@ -68,6 +68,18 @@ def features(cache: LayerCache, texts, spec: FeatureSpec) -> np.ndarray:
     return np.ascontiguousarray(stacked.transpose(1, 0, 2).reshape(len(texts), -1))
 
 
+def query_from_states(states: list, spec: FeatureSpec):
+    """The spec's features from unpadded layer states (row 0 the embeddings, i + 1 layer i;
+    each [B, T, D], one turn per row, as the engine holds them) -> [B, width], in `features`'
+    order: what the decision computes in the engine."""
+    import torch
+
+    reduce = {"mean": lambda h: h.mean(1), "max": lambda h: h.amax(1),
+              "last": lambda h: h[:, -1]}
+    return torch.cat([reduce[p](states[layer + 1]) for p in spec.poolings
+                      for layer in spec.layers], -1)
+
+
 def default_specs(max_layer: int = MAX_LAYER) -> list[FeatureSpec]:
     """The feature sets probed: one layer (the reference), mean + max, the token-embedding bag
     beside it, every second layer up to it, both, and every layer up to max_layer."""

@@ -76,8 +76,40 @@ def choose_steps(d_model: int, tasks: dict[str, PointerTask], grid: tuple[int, .
 
 
 @torch.no_grad()
+def _feature_timers(backbone, head: PointerHead, routing_set: RoutingSet, task: PointerTask):
+    """In the engine the spec's layer states come with the request's prefill: the decision
+    pools each (mean, max over the turn) side by side and runs the head; out of the engine it
+    first runs the prefill up to the spec's deepest layer."""
+    from engine_ext.routers.layer_cache import all_layer_states
+    from engine_ext.routers.probe_features import query_from_states
+
+    spec, engine = backbone.spec, backbone.engine
+    ids = [backbone.tokenize(t) for t in routing_set.test.texts[:30]]
+    states = [all_layer_states(engine, torch.tensor([i]), spec.route_layer + 1) for i in ids]
+    options = head.encode_options(task.option_embeds, task.option_mask)
+
+    def decide(found: list[torch.Tensor]) -> None:
+        head(query_from_states(found, spec), options).argmax(-1)
+
+    def in_engine(i: int, batch: int) -> float:
+        found = [h.expand(batch, -1, -1) for h in states[i]]
+        start = time.perf_counter()
+        decide(found)
+        return time.perf_counter() - start
+
+    def standalone(i: int, batch: int) -> float:
+        start = time.perf_counter()
+        decide(all_layer_states(engine, torch.tensor([ids[i]] * batch), spec.route_layer + 1))
+        return time.perf_counter() - start
+
+    return in_engine, standalone, len(ids)
+
+
+@torch.no_grad()
 def _timers(backbone: Backbone, head: PointerHead, routing_set: RoutingSet,
             task: PointerTask):
+    if getattr(backbone, "spec", None) is not None:
+        return _feature_timers(backbone, head, routing_set, task)
     texts = routing_set.test.texts[:30]
     ids = [backbone.tokenize(t) for t in texts]
     states = [backbone.state_fn(torch.tensor([i])) for i in ids]  # each [1, T, D]
@@ -119,9 +151,10 @@ def mol2_setting(backbone: Backbone, routing_set: RoutingSet, seeds: list[int],
         decision = alone = None
     elif timed is None:
         in_engine, standalone, n = _timers(backbone, heads[0], routing_set, tasks["test"])
-        decision = measure(in_engine, n, "mean-pool of the layer-k states the request's "
-                           "prefill already computed + pointer head over cached option "
-                           "embeddings")
+        states = (f"the {backbone.spec.label} states" if hasattr(backbone, "spec")
+                  else "mean-pool of the layer-k states")
+        decision = measure(in_engine, n, f"{states} the request's prefill already computed "
+                           "(pooled, side by side) + pointer head over cached option embeddings")
         alone = measure(standalone, n, "prefill of the user turn to layer k + pool + pointer "
                         "head")
     else:

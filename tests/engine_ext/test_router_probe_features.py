@@ -125,6 +125,18 @@ def test_mol2_reads_a_feature_set_fills_the_cache_on_demand_and_leaves_timing_pe
                                features(cache, domains.test.texts, spec))  # filled once
     assert head.query_proj.in_features == 6 * 32 and head.option_in.in_features == 32
     assert row.decision is None and row.standalone is None and len(row.accuracy_per_seed) == 2
+    with torch.enable_grad():
+        timed, _ = mol2_setting(backbone, domains, [0], tmp_path / "heads", (3,))
+    assert timed.decision.num_requests == 30 and timed.standalone is not None
+    assert "L-1,0,1 mean+max" in timed.decision.includes
+    # what the timed decision computes from the engine's unpadded states = the cached features
+    from engine_ext.routers.layer_cache import all_layer_states
+    from engine_ext.routers.probe_features import query_from_states
+
+    text = domains.test.texts[0]
+    states = all_layer_states(engine, torch.tensor([_tokenize(text)]), 2)
+    np.testing.assert_allclose(query_from_states(states, spec)[0].numpy(),
+                               features(cache, [text], spec)[0], rtol=1e-5, atol=1e-5)
     assert mol2_feature_card_name(spec) == "mol2-smollm2-l1-x3-mean-max"
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from bench_routers import card_rows, table
