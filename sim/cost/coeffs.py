@@ -63,6 +63,11 @@ class CostCoeffs(BaseModel):
     """Achieved share of NVLink bandwidth in tensor-parallel all-reduces."""
     communication_latency_s: float = Field(default=10e-6, ge=0, le=1)
     """Latency of one all-reduce."""
+    communication_latency_per_gpu_s: float = Field(default=0.0, ge=0, le=1)
+    """Latency every all-reduce gains per GPU taking part (times the TP degree), under either
+    pricing (`all_reduce_fits` or the ring formula): each all-reduce waits for the slowest of
+    its ranks (rank skew, per-rank launches), which kernel times measured alone after a
+    barrier do not hold."""
     all_reduce_fits: tuple[AllReduceFit, ...] = ()
     """Fitted all-reduce times per TP degree and interconnect (`sim.cost.tp_communication`): a
     step at a TP degree listed here prices its all-reduces by that fit; other degrees by the

@@ -298,7 +298,8 @@ def _communication_s(c: CostCoeffs, p: LayerCosts, tokens: np.ndarray) -> float:
         tp=p.tp, hidden_size=p.hidden_size, tokens_per_layer=tokens,
         fit=find_all_reduce_fit(c.all_reduce_fits, p.tp, interconnect),
         link_bytes_per_s=p.gpu.nvlink_bandwidth_bytes_per_s or p.gpu.pcie_bandwidth_bytes_per_s,
-        efficiency=c.communication_efficiency, latency_s=c.communication_latency_s)
+        efficiency=c.communication_efficiency, latency_s=c.communication_latency_s,
+        latency_per_gpu_s=c.communication_latency_per_gpu_s)
 
 
 def _model_terms(c: CostCoeffs, p: LayerCosts, batch: StepBatch, mask: np.ndarray) -> dict:

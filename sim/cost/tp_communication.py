@@ -6,6 +6,8 @@ A fitted entry is `latency_s + num_bytes / bandwidth_bytes_per_s`, one per TP de
 interconnect: measured all-reduce times (vidur's NCCL profiles on DGX A100 and H100) do not
 follow the ring formula's (tp - 1) / tp across degrees (small messages take 7-11 us on two
 H100s and 30-40 us on four or eight), so each degree carries its own latency and bandwidth.
+Either price gains a latency per GPU in the all-reduce (`latency_per_gpu_s` x TP): a serving
+engine's all-reduce waits for its slowest rank, which kernels timed alone after a barrier miss.
 """
 
 from __future__ import annotations
@@ -62,10 +64,12 @@ def ring_all_reduce_s(tp: int, num_bytes, link_bytes_per_s: float, efficiency: f
 
 def tensor_parallel_communication_s(*, tp: int, hidden_size: int, tokens_per_layer: np.ndarray,
                                     fit: AllReduceFit | None, link_bytes_per_s: float,
-                                    efficiency: float, latency_s: float) -> float:
+                                    efficiency: float, latency_s: float,
+                                    latency_per_gpu_s: float = 0.0) -> float:
     """Seconds of a step's TP all-reduces: per layer that computes tokens, two all-reduces of
     (its tokens x `hidden_size` x 2 bytes), priced by `fit` when given, else by the ring formula
-    with `efficiency` and `latency_s`. Zero at TP 1."""
+    with `efficiency` and `latency_s`, each plus `latency_per_gpu_s` x `tp` (waiting on the
+    slowest rank). Zero at TP 1."""
     if tp == 1:
         return 0.0
     tokens = np.asarray(tokens_per_layer, dtype=float)
@@ -74,4 +78,6 @@ def tensor_parallel_communication_s(*, tp: int, hidden_size: int, tokens_per_lay
         per_reduce = ring_all_reduce_s(tp, num_bytes, link_bytes_per_s, efficiency, latency_s)
     else:
         per_reduce = all_reduce_s(fit, num_bytes)
+    # Adding 0.0 leaves every price bit for bit as without the term.
+    per_reduce = per_reduce + latency_per_gpu_s * tp
     return float((ALL_REDUCES_PER_LAYER * per_reduce * (tokens > 0)).sum())

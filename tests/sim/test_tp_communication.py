@@ -75,3 +75,36 @@ def test_layers_without_tokens_pay_no_all_reduce():
         tp=2, hidden_size=1024, tokens_per_layer=tokens, fit=fit, link_bytes_per_s=1.0,
         efficiency=1.0, latency_s=0.0)
     assert seconds == pytest.approx(2 * 2 * (10e-6 + 8 * 1024 * 2 / 300e9))
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+@pytest.mark.parametrize("base", ["fitted", "ring"])
+def test_latency_per_gpu_adds_b_times_tp_to_every_all_reduce(tp, base):
+    coeffs = FITTED if base == "fitted" else CostCoeffs(communication_latency_s=3e-5)
+    per_gpu = coeffs.model_copy(update={"communication_latency_per_gpu_s": 7e-6})
+    num_reduces = 2 * ARCH.num_layers
+    added = _communication_s(per_gpu, tp, 64) - _communication_s(coeffs, tp, 64)
+    assert added == pytest.approx(num_reduces * 7e-6 * tp, rel=1e-9)
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_latency_per_gpu_of_zero_is_the_old_price_bit_for_bit(tp):
+    assert CostCoeffs().communication_latency_per_gpu_s == 0.0
+    tokens = np.array([64.0, 0.0, 3.0])
+    num_bytes = tokens * 1024 * 2
+    fit = _fit(tp, 1e-5, 3e11)
+    old_fitted = 2 * (fit.latency_s + num_bytes / fit.bandwidth_bytes_per_s) * (tokens > 0)
+    old_ring = 2 * (2 * (tp - 1) / tp * num_bytes / (450e9 * 0.7) + 2e-5) * (tokens > 0)
+    kwargs = dict(tp=tp, hidden_size=1024, tokens_per_layer=tokens, link_bytes_per_s=450e9,
+                  efficiency=0.7, latency_s=2e-5, latency_per_gpu_s=0.0)
+    assert tensor_parallel_communication_s(fit=fit, **kwargs) == float(old_fitted.sum())
+    assert tensor_parallel_communication_s(fit=None, **kwargs) == float(old_ring.sum())
+
+
+def test_latency_per_gpu_is_paid_only_by_layers_with_tokens():
+    tokens = np.array([8.0, 0.0, 8.0, 0.0])
+    kwargs = dict(tp=4, hidden_size=1024, tokens_per_layer=tokens, fit=_fit(4, 1e-5, 3e11),
+                  link_bytes_per_s=1.0, efficiency=1.0, latency_s=0.0)
+    added = (tensor_parallel_communication_s(latency_per_gpu_s=5e-6, **kwargs)
+             - tensor_parallel_communication_s(**kwargs))
+    assert added == pytest.approx(2 * 2 * 5e-6 * 4)
