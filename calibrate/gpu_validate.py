@@ -18,8 +18,9 @@ Four checks, none on data the fit saw:
    out: it depends on how long the queue has grown;
 4. splitwise: the vidur-fitted A100-80GB and H100-SXM profiles (`calibrate.gpu_vidur_fit`) on
    Splitwise's whole Llama-2-70B prompt and token steps at TP 2/4/8, median |error| per
-   machine, TP and phase (`calibrate.gpu_splitwise`), and the all-reduce latency refitted on
-   TP 2 and 4, checked on TP 8.
+   machine, TP and phase (`calibrate.gpu_splitwise`): their latency per GPU of each
+   all-reduce was fitted on the TP 2 and 4 token steps, so only TP 8 is held out there; and
+   the alternative all-reduce bases fitted on TP 2 and 4, checked on TP 8.
 
 The runs' errors are also written beside the profile as `<profile>.validation.json`, which
 the planner's intervals read. The profiles scaled from this fit (`calibrate.gpu_scaled`) get

@@ -136,7 +136,9 @@ def test_validation_section_covers_every_machine_tp_and_phase():
         tp8 = next(r for r in fit["summary"] if r["tp"] == 8 and r["phase"] == "token")
         assert fit["fit_tp"] == [2, 4] and tp8["median_error"] < -0.1
     text = "\n".join(render_section(section))
-    assert "| a100-80gb | 8 | token | 105 |" in text and "checked on TP 8" in text
+    assert "| a100-80gb | 8 | held out | token | 105 |" in text
+    assert "| a100-80gb | 4 | fit | token | 105 |" in text and "TP 8 unseen" in text
+    assert len(section["per_gpu_fit"]) == len(PROFILE_NAMES)
 
 
 def test_the_slice_keeps_the_token_counts_the_fit_reads():
