@@ -48,6 +48,15 @@ MOL2_LAYER8_FULL = ("--train-per-class", "1000000", "--keep-timings", "--mol2-st
 4,500 rows the head overfit (79.4%); needs the pass over all of CLINC150's training text."""
 
 
+MOL2_FEATURES = ("--train-per-class", "1000000", "--untimed")
+FEATURE_SET = ("--feature-layers", "-1", "0", "2", "4", "6", "8", "--feature-poolings", "mean",
+               "max")
+"""MoL2 on a feature set (card mol2-smollm2-l8-x6-mean-max): the token embeddings and every
+second layer up to 8, mean and max pooled, the set whose probe reaches TF-IDF on the whole
+training splits (docs/router_probe_layers.md); 5 epochs of 64 on all 15,000 CLINC150 and 9,002
+BANKING77 rows; decision times pending (timed on a quiet machine without --untimed)."""
+
+
 def _train(router: str, *settings: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     return ("--routers", router, *(("--settings", *settings) if settings else ()), *extra)
 
@@ -58,6 +67,9 @@ CHAINS: tuple[tuple[tuple[str, ...], ...], ...] = (
        for s, n in MOL2_STEPS.items()), _train("mol2_regimes")),
     (_train("mol2", "clinc_intents150", extra=MOL2_LAYER8_FULL),),
     (_train("mol2", "clinc_domains10", extra=MOL2_LAYER8),),
+    (_train("mol2", "clinc_domains10", extra=(*MOL2_FEATURES, "--mol2-steps", "1170",
+                                              *FEATURE_SET)),
+     _train("mol2", "banking77", extra=(*MOL2_FEATURES, "--mol2-steps", "700", *FEATURE_SET))),
     (_train("l0", "clinc_intents150"),), (_train("l0", "banking77"),),
     (_train("l0", "domains4", "clinc_domains10"),),
     (_train("contextual_smollm2", "clinc_intents150"),),
