@@ -125,7 +125,7 @@ class FeatureBackbone(Backbone):
     @torch.no_grad()
     def pooled(self, texts: tuple[str, ...], batch: int = 32) -> torch.Tensor:
         """The spec's features per text [N, d_query]."""
-        from engine_ext.routers.probe_features import features
+        from engine_ext.routers.layer_cache import features
 
         if self.cache.missing(texts) and self.engine is not None:
             self.cache.fill(texts, self.engine, self.tokenize, batch)

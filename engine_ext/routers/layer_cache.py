@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,50 @@ import torch
 from engine_ext.routing import pad_token_lists
 
 POOLINGS = ("mean", "last", "max")
+MAX_LAYER = 9
+"""The deepest decoder layer cached: the single-layer sweep peaks at layers 8-9 on CLINC150
+(docs/router_probe_layers.md), so a router there needs nothing deeper."""
+DEFAULT_CACHE = Path("out/routers/layers_l9")
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """Which cached states a router head reads, concatenated: layers (-1: the token
+    embeddings, i: the output of decoder layer i) x poolings."""
+
+    layers: tuple[int, ...]
+    poolings: tuple[str, ...] = ("mean",)
+
+    def __post_init__(self) -> None:
+        bad = [p for p in self.poolings if p not in POOLINGS]
+        if bad or not self.poolings:
+            raise ValueError(f"poolings {self.poolings!r}: allowed {POOLINGS}")
+        if not self.layers or min(self.layers) < -1:
+            raise ValueError(f"layers {self.layers!r}: at least one, each >= -1")
+
+    @property
+    def route_layer(self) -> int:
+        """The layer the router must wait for: the deepest it reads."""
+        return max(self.layers)
+
+    @property
+    def label(self) -> str:
+        """'L-1,0,2 mean+max'."""
+        return "L" + ",".join(map(str, self.layers)) + " " + "+".join(self.poolings)
+
+
+def features(cache: LayerCache, texts, spec: FeatureSpec) -> np.ndarray:
+    """The spec's states of every text, side by side: [N, len(layers) * len(poolings) * D]
+    (pooling-major, then layer in the spec's order)."""
+    if cache.num_layers is not None and spec.route_layer >= cache.num_layers:
+        raise ValueError(f"{spec.label}: the cache {cache.folder} stops after decoder layer "
+                         f"{cache.num_layers - 1}")
+    rows = [layer + 1 for layer in spec.layers]
+    parts = [cache.states(texts, pooling, rows) for pooling in spec.poolings]  # [R, N, D] each
+    stacked = np.concatenate(parts, axis=0)  # [P * R, N, D]
+    return np.ascontiguousarray(stacked.transpose(1, 0, 2).reshape(len(texts), -1))
+
+
 CHUNK = 250
 """Texts per cache file (what an interrupted pass loses at most)."""
 
@@ -71,6 +116,16 @@ def all_layer_pooled(engine, ids: list[list[int]], num_layers: int | None = None
     tokens, mask = pad_token_lists(ids)
     found = [pool(h, mask) for h in all_layer_states(engine, tokens, num_layers)]
     return {name: torch.stack([f[name] for f in found]) for name in POOLINGS}
+
+
+def query_from_states(states: list, spec):
+    """The spec's features from unpadded layer states (row 0 the embeddings, i + 1 layer i;
+    each [B, T, D], one turn per row, as the engine holds them) -> [B, width], in
+    `probe_features.features`' order: what the decision computes in the engine."""
+    reduce = {"mean": lambda h: h.mean(1), "max": lambda h: h.amax(1),
+              "last": lambda h: h[:, -1]}
+    return torch.cat([reduce[p](states[layer + 1]) for p in spec.poolings
+                      for layer in spec.layers], -1)
 
 
 def _digest(texts: list[str], num_layers: int | None) -> str:

@@ -80,8 +80,7 @@ def _feature_timers(backbone, head: PointerHead, routing_set: RoutingSet, task: 
     """In the engine the spec's layer states come with the request's prefill: the decision
     pools each (mean, max over the turn) side by side and runs the head; out of the engine it
     first runs the prefill up to the spec's deepest layer."""
-    from engine_ext.routers.layer_cache import all_layer_states
-    from engine_ext.routers.probe_features import query_from_states
+    from engine_ext.routers.layer_cache import all_layer_states, query_from_states
 
     spec, engine = backbone.spec, backbone.engine
     ids = [backbone.tokenize(t) for t in routing_set.test.texts[:30]]

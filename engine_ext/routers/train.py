@@ -260,16 +260,13 @@ def mol2_feature_card_name(spec) -> str:
 def _mol2_smollm2(args, smollm2, engine, tokenizer):
     """MoL2's SmolLM2 backbone and card name for --route-layer / --pooling / --layer-cache /
     --feature-layers."""
-    from engine_ext.routers.backbones import (
-        FeatureBackbone,
-        LayerCacheBackbone,
-        smollm2_backbone,
-    )
+    from engine_ext.routers.backbones import LayerCacheBackbone, smollm2_backbone
     from engine_ext.routers.layer_cache import LayerCache
     from engine_ext.routers.states import load_route_engine
 
     if args.feature_layers:
-        from engine_ext.routers import probe_features as pf
+        from engine_ext.routers import layer_cache as pf
+        from engine_ext.routers.backbones import FeatureBackbone
 
         spec = pf.FeatureSpec(tuple(args.feature_layers), tuple(args.feature_poolings))
         cache = LayerCache(args.layer_cache or pf.DEFAULT_CACHE, pf.MAX_LAYER + 1)

@@ -130,8 +130,7 @@ def test_mol2_reads_a_feature_set_fills_the_cache_on_demand_and_leaves_timing_pe
     assert timed.decision.num_requests == 30 and timed.standalone is not None
     assert "L-1,0,1 mean+max" in timed.decision.includes
     # what the timed decision computes from the engine's unpadded states = the cached features
-    from engine_ext.routers.layer_cache import all_layer_states
-    from engine_ext.routers.probe_features import query_from_states
+    from engine_ext.routers.layer_cache import all_layer_states, query_from_states
 
     text = domains.test.texts[0]
     states = all_layer_states(engine, torch.tensor([_tokenize(text)]), 2)
