@@ -23,13 +23,29 @@ def kv_writing_decoder_layers(arch: ModelArch) -> set[int]:
     return {layer for layer in ced.kv_source_layers if layer >= first_decoder}
 
 
+SharedKvRule = tuple[int, frozenset[int]] | None
+"""A CED model's (first decoder layer, KV-writing decoder layers); None on a decoder-only model."""
+
+
+def shared_kv_rule(arch: ModelArch) -> SharedKvRule:
+    """The placement rule of `arch`, computed once for checking many (layer, module) pairs."""
+    if arch.ced is None:
+        return None
+    return arch.ced.num_encoder_layers, frozenset(kv_writing_decoder_layers(arch))
+
+
+def _allowed(rule: SharedKvRule, layer: int, module: str) -> bool:
+    if rule is None:
+        return True
+    first_decoder, kv_layers = rule
+    if layer < first_decoder:
+        return False
+    return not (layer in kv_layers and module in ATTENTION_MODULES)
+
+
 def is_allowed_under_shared_kv(arch: ModelArch, layer: int, module: str) -> bool:
     """Whether LoRA on (layer, module) leaves the shared KV adapter-independent."""
-    if arch.ced is None:
-        return True
-    if layer < arch.ced.num_encoder_layers:
-        return False
-    return not (layer in kv_writing_decoder_layers(arch) and module in ATTENTION_MODULES)
+    return _allowed(shared_kv_rule(arch), layer, module)
 
 
 def placement_violations(
@@ -38,10 +54,8 @@ def placement_violations(
     """(layer, module) pairs that break KV sharing; explicit layers only (None is resolved)."""
     if layers is None:
         return []
-    return [
-        (layer, m) for layer in layers for m in modules
-        if not is_allowed_under_shared_kv(arch, layer, m)
-    ]
+    rule = shared_kv_rule(arch)
+    return [(layer, m) for layer in layers for m in modules if not _allowed(rule, layer, m)]
 
 
 def adapter_placements(
@@ -56,7 +70,8 @@ def adapter_placements(
     chosen = range(arch.num_layers) if layers is None else layers
     pairs = [(layer, module) for layer in chosen for module in modules]
     if layers is None:
-        pairs = [(la, m) for la, m in pairs if is_allowed_under_shared_kv(arch, la, m)]
+        rule = shared_kv_rule(arch)
+        pairs = [(la, m) for la, m in pairs if _allowed(rule, la, m)]
     return pairs
 
 
@@ -84,7 +99,8 @@ def kv_layout_of_placements(arch: ModelArch,
     """
     if not any(placements):
         return "one_copy"
-    if arch.ced is not None and all(is_allowed_under_shared_kv(arch, layer, module)
-                                    for pairs in placements for layer, module in pairs):
+    rule = shared_kv_rule(arch)
+    if rule is not None and all(_allowed(rule, layer, module)
+                                for pairs in placements for layer, module in pairs):
         return "shared"
     return "per_adapter"
