@@ -48,7 +48,7 @@ MOL2_LAYER8_FULL = ("--train-per-class", "1000000", "--keep-timings", "--mol2-st
 4,500 rows the head overfit (79.4%); needs the pass over all of CLINC150's training text."""
 
 
-MOL2_FEATURES = ("--train-per-class", "1000000", "--untimed")
+MOL2_FEATURES = ("--train-per-class", "1000000")
 FEATURE_SET = ("--feature-layers", "-1", "0", "2", "4", "6", "8", "--feature-poolings", "mean",
                "max")
 """MoL2 on a feature set (card mol2-smollm2-l8-x6-mean-max): the token embeddings and every
