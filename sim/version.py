@@ -2,4 +2,4 @@
 numbers (cost model, memory model, scheduler, search). Stored points are keyed by it, so
 results cached by an older molcap are recomputed instead of reused."""
 
-MODEL_VERSION = 26
+MODEL_VERSION = 27
