@@ -58,14 +58,17 @@ class Interval:
     """False: the range is the spread over seeds only (no measured error of the profile)."""
 
 
-def profile_errors(report: Mapping) -> ProfileErrors:
-    """The errors of a validation report (the JSON `molcap calibrate validate` writes). Only
-    offline workloads count for throughput: an open-loop engine's throughput is the offered
-    load, which any model matches."""
+def profile_errors(report: Mapping, offline: bool = False) -> ProfileErrors:
+    """The errors of a validation report (the JSON `molcap calibrate validate` writes).
+    Throughput errors come from the validated workloads of the same arrival kind as the
+    prediction: an open-loop engine below capacity serves the offered load, which the model
+    matches closely, while an offline batch measures the engine's capacity, which it may not;
+    an open-loop plan priced by the offline errors would get a band that misses the offered
+    load."""
     errors: dict[str, list[float]] = {}
     for row in report["rows"]:
         metric = row["metric"]
-        if metric.startswith("throughput") and "offline" not in row["workload"]:
+        if metric.startswith("throughput") and ("offline" in row["workload"]) != offline:
             continue
         if row.get("error") is not None and math.isfinite(row["error"]):
             errors.setdefault(metric, []).append(float(row["error"]))
@@ -147,11 +150,14 @@ def pricing_errors(scenario, gpu_name: str, base_dir: Path | None = None) -> Pro
     from planner.scenario.pricing import DEFAULT_PROFILES, profile_path
     from planner.scenario.resolved import as_resolved
 
+    from planner.scenario.workloads import is_offline
+
     resolved = as_resolved(scenario, base_dir)
+    offline = is_offline(resolved.scenario.workload)
     if gpu_name in resolved.pricing:
-        return load_profile_errors(resolved.pricing[gpu_name].path)
+        return load_profile_errors(resolved.pricing[gpu_name].path, offline)
     default = DEFAULT_PROFILES.get(gpu_name)
-    return load_profile_errors(profile_path(default)) if default else None
+    return load_profile_errors(profile_path(default), offline) if default else None
 
 
 PRINTED = (("ttft_p99_s", "p99 TTFT"), ("tpot_p99_s", "p99 TPOT"), ("e2e_p99_s", "p99 E2E"))
@@ -189,12 +195,12 @@ def validation_path(profile_path: Path) -> Path:
     return Path(profile_path).with_suffix(".validation.json")
 
 
-def load_profile_errors(profile_path: Path | None) -> ProfileErrors | None:
-    """The measured errors of the profile at `profile_path` (None: no profile, or no
-    validation measured for it)."""
+def load_profile_errors(profile_path: Path | None, offline: bool = False) -> ProfileErrors | None:
+    """The measured errors of the profile at `profile_path` for an open-loop (or, `offline`,
+    an every-request-at-t=0) prediction (None: no profile, or no validation measured for it)."""
     if profile_path is None:
         return None
     path = validation_path(profile_path)
     if not path.exists():
         return None
-    return profile_errors(json.loads(path.read_text(encoding="utf-8")))
+    return profile_errors(json.loads(path.read_text(encoding="utf-8")), offline)

@@ -4,6 +4,7 @@ the profile that priced them; "no measured error" when the profile has none."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -40,13 +41,33 @@ def test_known_validation_errors_give_the_expected_band(tmp_path):
     assert (full.low, full.high) == pytest.approx((0.1, 0.2))
 
 
-def test_throughput_errors_come_from_offline_workloads_only():
-    errors = profile_errors(_report([("x offline", "throughput_tokens_per_s", 0.25),
-                                     ("y 12/s", "throughput_tokens_per_s", -0.9)]))
-    assert errors.errors == {"throughput_tokens_per_s": (0.25,)}
+def test_throughput_errors_come_from_workloads_of_the_predictions_arrival_kind():
+    report = _report([("x offline", "throughput_tokens_per_s", 0.25),
+                      ("y 12/s", "throughput_tokens_per_s", -0.02)])
+    offline = profile_errors(report, offline=True)
+    assert offline.errors == {"throughput_tokens_per_s": (0.25,)}
     # Predicted 25% high: the engine delivers 0.8x; output tokens/s shares the error.
-    interval = metric_interval("output_tokens_per_s", 1000.0, 1000.0, 1000.0, errors)
+    interval = metric_interval("output_tokens_per_s", 1000.0, 1000.0, 1000.0, offline)
     assert (interval.low, interval.high) == pytest.approx((800.0, 800.0))
+    # An open-loop prediction (the planner's, verify's) is priced by the open-loop workloads:
+    # the offline capacity error would push its band off the offered load it serves.
+    open_loop = profile_errors(report)
+    assert open_loop.errors == {"throughput_tokens_per_s": (-0.02,)}
+    interval = metric_interval("output_tokens_per_s", 1000.0, 1000.0, 1000.0, open_loop)
+    assert interval.low == pytest.approx(1000.0 / 0.98)
+
+
+def test_an_open_loop_scenarios_pricing_errors_leave_out_the_offline_throughput():
+    from planner.predict.intervals import pricing_errors
+    from planner.scenario.loading import load_scenario
+    from sim.cost.profile import PROFILES_DIR
+
+    scenarios = Path(__file__).resolve().parents[2] / "scenarios"
+    errors = pricing_errors(load_scenario(scenarios / "verify_cpu.yaml"), "cpu", scenarios)
+    shipped = json.loads((PROFILES_DIR / "cpu-vllm-tiny-llama.validation.json").read_text())
+    expected = [r["error"] for r in shipped["rows"] if r["metric"] == "throughput_tokens_per_s"
+                and "offline" not in r["workload"]]
+    assert expected and errors.errors["throughput_tokens_per_s"] == pytest.approx(tuple(expected))
 
 
 def test_a_profile_without_validation_says_no_measured_error(tmp_path):
