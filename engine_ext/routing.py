@@ -118,16 +118,29 @@ class PointerHead(nn.Module):
 class ContextualHead(nn.Module):
     """q/k scoring head: pooled query H19 [B, D] vs pooled option H19 [B, O, D] -> [B, O]."""
 
-    def __init__(self, d_model: int, d_head: int = 64) -> None:
+    def __init__(self, d_model: int, d_head: int = 64, d_option: int | None = None) -> None:
+        """d_option: width of the option states when it differs from the query's (a query
+        read through a feature set, several layers side by side); each side then has its
+        own standardisation."""
         super().__init__()
         self.feature_scale = FeatureScale(d_model)
+        self.option_scale = None if d_option is None else FeatureScale(d_option)
         self.q = nn.Linear(d_model, d_head)
-        self.k = nn.Linear(d_model, d_head)
+        self.k = nn.Linear(d_model if d_option is None else d_option, d_head)
         self.scale = d_head**-0.5
+
+    def fit_scales(self, queries: torch.Tensor, options: torch.Tensor) -> None:
+        """Standardisation statistics from training states: queries [N, D], options
+        [N, O, D_option] (one shared scale when the widths are the same)."""
+        if self.option_scale is None:
+            self.feature_scale.fit(torch.cat([queries, options.flatten(0, 1)]))
+        else:
+            self.feature_scale.fit(queries)
+            self.option_scale.fit(options)
 
     def forward(self, query: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
         q = self.q(self.feature_scale(query))  # [B, d_head]
-        k = self.k(self.feature_scale(options))  # [B, O, d_head]
+        k = self.k((self.option_scale or self.feature_scale)(options))  # [B, O, d_head]
         return torch.einsum("bd,bod->bo", q, k) * self.scale
 
 

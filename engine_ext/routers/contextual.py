@@ -66,12 +66,12 @@ def cached_contextual_states(state_fn: StateFn, queries: list[list[int]],
 
 def train_contextual(head: ContextualHead, queries: torch.Tensor, options: torch.Tensor,
                      labels: torch.Tensor, *, steps: int, batch: int = 64, lr: float = 2e-3,
-                     seed: int = 0) -> list[float]:
+                     seed: int = 0, weight_decay: float = 0.01) -> list[float]:
     """AdamW on cross-entropy over the options (after fitting the feature standardisation on
     the training states); returns the losses."""
-    head.feature_scale.fit(torch.cat([queries, options.flatten(0, 1)]))
+    head.fit_scales(queries, options)
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.01)
+    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
     order = torch.randperm(len(queries), generator=gen)
     losses = []

@@ -9,8 +9,9 @@ and setting, as the shipped cards were made), `--jobs` at a time, longest first.
 cards record these same commands (a test checks it). --quick trains seed 0 only and
 writes to out/router_cards_quick (heads to out/router_heads_quick), leaving the shipped cards
 and data/routers alone: a check that the pipeline runs, not the table's numbers. Then the
-reference rows (`engine_ext.routers.baselines`: TF-IDF baseline, linear probes) and the table
-(`bench/bench_routers.py`; with --quick into out/router_baselines_quick.json and
+reference rows (`engine_ext.routers.baselines`: TF-IDF baseline, linear probes; then
+`engine_ext.routers.ced_probe`: the CED model's probe per layer, docs/router_ced_probe.md) and
+the table (`bench/bench_routers.py`; with --quick into out/router_baselines_quick.json and
 out/router_table_quick.*, else data/routers/baselines.json and docs/router_table.*). The wall time
 of every process and of the whole rebuild is printed and written to
 out/router_rebuild_logs/rebuild_times.json, beside each process's log.
@@ -57,6 +58,13 @@ training splits (docs/router_probe_layers.md); 5 epochs of 64 on all 15,000 CLIN
 BANKING77 rows; decision times pending (timed on a quiet machine without --untimed)."""
 
 
+CONTEXTUAL_FEATURES = ("--train-per-class", "1000000", "--untimed", *FEATURE_SET)
+"""Contextual MoL over the same feature set (card contextual-smollm2-l8-x6-mean-max): options
+read in the query's context at layer 8, the whole training splits, length and weight decay
+chosen on a validation carve; decision times pending (`python -m
+engine_ext.routers.run_contextual --time-card CARD` on a quiet machine)."""
+
+
 def _train(router: str, *settings: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     return ("--routers", router, *(("--settings", *settings) if settings else ()), *extra)
 
@@ -75,6 +83,7 @@ CHAINS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (_train("contextual_smollm2", "clinc_intents150"),),
     (_train("contextual_smollm2", "banking77"),),
     (_train("contextual_smollm2", "domains4", "clinc_domains10"),),
+    (_train("contextual_smollm2", "domains4", extra=CONTEXTUAL_FEATURES),),
     *((_train("mol2_ced", s),) for s in SETTINGS),
     *((_train("contextual_ced", s),) for s in SETTINGS),
 )
@@ -145,6 +154,11 @@ def main(argv: list[str] | None = None) -> None:
     table = Path("out/router_table_quick.json") if args.quick else Path("docs/router_table.json")
     times["python -m engine_ext.routers.baselines"] = _run(
         ["-m", "engine_ext.routers.baselines", "--out", str(refs)], logs / "baselines.log")
+    probe = Path("out/router_ced_probe_quick.json") if args.quick else Path(
+        "docs/router_ced_probe.json")
+    times["python -m engine_ext.routers.ced_probe"] = _run(
+        ["-m", "engine_ext.routers.ced_probe", "--baselines", str(refs), "--out", str(probe)],
+        logs / "ced_probe.log")
     times["python bench/bench_routers.py"] = _run(
         ["bench/bench_routers.py", "--cards", str(cards), "--baselines", str(refs),
          "--out", str(table)], logs / "table.log")

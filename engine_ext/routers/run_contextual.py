@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from pathlib import Path
 
 import torch
 
@@ -79,3 +80,220 @@ def contextual_setting(backbone: Backbone, routing_set: RoutingSet, seeds: list[
                         num_decode_tokens=0, num_head_params=num_params(heads[0]),
                         num_tokens_per_option=sum(len(o) for o in options) / len(options))
     return setting_result(routing_set, len(test_texts), accs, seconds, decision, work)
+
+
+FEATURE_GRID = {"epochs": (3, 10), "weight_decay": (0.01, 0.3, 3.0)}
+"""Training lengths (epochs of 64-query batches) and AdamW weight decays tried for the
+feature-set head; seed 0 on the training split less its validation carve chooses one. AdamW's
+decay is decoupled (weights shrink by lr x decay per step): 0.01 is next to none over a few
+thousand steps at lr 2e-3, 3.0 a strong pull towards zero on 6,912 query features."""
+VAL_FRACTION = 0.1
+"""Share of the training split carved out (seeded) to choose the length and weight decay; the
+heads then train on the whole training split."""
+BATCH = 64
+
+
+def carve(num: int, fraction: float = VAL_FRACTION) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded (SUBSAMPLE_SEED) split of range(num): (fit indices, validation indices)."""
+    from engine_ext.routers.settings import SUBSAMPLE_SEED
+
+    perm = torch.randperm(num, generator=torch.Generator().manual_seed(SUBSAMPLE_SEED))
+    cut = max(1, round(num * fraction))
+    return perm[cut:].sort().values, perm[:cut].sort().values
+
+
+def _feature_head(tq, to, ty, seed: int, epochs: int, weight_decay: float) -> ContextualHead:
+    torch.manual_seed(seed)
+    head = ContextualHead(tq.shape[1], D_HEAD, d_option=to.shape[2])
+    steps = max(1, round(epochs * len(ty) / BATCH))
+    train_contextual(head, tq, to, ty, steps=steps, batch=BATCH, seed=seed,
+                     weight_decay=weight_decay)
+    return head
+
+
+def choose_feature_training(tq, to, ty, grid: dict = FEATURE_GRID) -> tuple[dict, dict]:
+    """(epochs, weight decay) with the best validation accuracy of seed 0 trained on the rest
+    of the training split (ties: fewer epochs, then more decay); the test split is not read."""
+    fit, val = carve(len(ty))
+    found = {}
+    for epochs in grid["epochs"]:
+        for decay in grid["weight_decay"]:
+            head = _feature_head(tq[fit], to[fit], ty[fit], 0, epochs, decay)
+            found[(epochs, decay)] = contextual_accuracy(head, tq[val], to[val], ty[val])
+    best = max(found, key=lambda k: (found[k], -k[0], k[1]))
+    return {"epochs": best[0], "weight_decay": best[1], "num_val": len(val)}, found
+
+
+def contextual_feature_setting(engine, tokenize, routing_set: RoutingSet, seeds: list[int],
+                               spec, cache_dir, *, stamp: str, is_timed: bool = False,
+                               grid: dict = FEATURE_GRID) -> tuple[SettingResult, list, dict]:
+    """Contextual MoL over a feature set (`contextual_features`) on the whole training split:
+    length and weight decay chosen on a validation carve, then one head per seed on the whole
+    split, tested on the whole test split; the decision timed on seed 0's head when
+    `is_timed`. Returns the row, the heads and the choice."""
+    from engine_ext.routers.contextual_features import cached_pass_features
+
+    names = short_names(routing_set)
+    options = [tokenize(" " + n) for n in names]
+    start = time.perf_counter()
+    tq, to = cached_pass_features(engine, [tokenize(t) for t in routing_set.train.texts],
+                                  options, spec, cache_dir, stamp)
+    eq, eo = cached_pass_features(engine, [tokenize(t) for t in routing_set.test.texts],
+                                  options, spec, cache_dir, stamp)
+    print(f"contextual {spec.label} {routing_set.name}: states of {len(tq)} + {len(eq)} "
+          f"queries in {time.perf_counter() - start:.0f}s", flush=True)
+    ty, ey = torch.tensor(routing_set.train.labels), torch.tensor(routing_set.test.labels)
+    choice, val = choose_feature_training(tq, to, ty, grid)
+    heads, accs, seconds = [], [], []
+    for seed in seeds:
+        start = time.perf_counter()
+        heads.append(_feature_head(tq, to, ty, seed, choice["epochs"], choice["weight_decay"]))
+        seconds.append(time.perf_counter() - start)
+        accs.append(contextual_accuracy(heads[-1], eq, eo, ey))
+    print(f"contextual {spec.label} {routing_set.name}: validation {val}, chose {choice}; test "
+          f"accuracy per seed {[round(a, 4) for a in accs]}", flush=True)
+    decision = time_feature_decisions(engine, heads[0], spec, routing_set, tokenize) \
+        if is_timed else None
+    work = DecisionWork(num_prefill_tokens=sum(len(o) for o in options), num_decode_tokens=0,
+                        num_head_params=num_params(heads[0]),
+                        num_tokens_per_option=sum(len(o) for o in options) / len(options))
+    row = setting_result(routing_set, len(ey), accs, seconds, decision, work)
+    return row, heads, choice
+
+
+def time_feature_decisions(engine, head: ContextualHead, spec, routing_set: RoutingSet,
+                           tokenize):
+    """The in-engine decision on 30 test turns: the option pass over the turn's KV to layer L
+    and the head (the turn's prefill, which the engine runs anyway, is not timed)."""
+    from engine_ext.routers.contextual_features import option_pass, query_prefill
+
+    options = [tokenize(" " + n) for n in short_names(routing_set)]
+    turns = [tokenize(t) for t in routing_set.test.texts[:30]]
+    many = len(options) > 10
+    batch_size = TIMED_MANY["batch_size"] if many else 16
+    prefilled = {(i, b): query_prefill(engine, turns[i], spec, b)
+                 for i in range(len(turns)) for b in (1, batch_size)}
+
+    def one(i: int, batch: int) -> float:
+        cache, query = prefilled[(i, batch)]
+        start = time.perf_counter()
+        head(query, option_pass(engine, cache, options, spec.route_layer)).argmax(-1)
+        return time.perf_counter() - start
+
+    with torch.no_grad():
+        return measure(one, len(turns), f"the {spec.label} query features the request's "
+                       f"prefill already computed + a temporary pass of every option name over "
+                       f"the turn's KV to layer {spec.route_layer} + q/k head",
+                       **(TIMED_MANY if many else {}))
+
+
+def feature_card_name(spec) -> str:
+    """contextual-smollm2-l8-x6-mean-max for six layers up to 8, mean and max pooled."""
+    return f"contextual-smollm2-l{spec.route_layer}-x{len(spec.layers)}-" + "-".join(spec.poolings)
+
+
+def head_file(heads_dir: Path, card_name: str, setting: str) -> Path:
+    """Where seed 0's head of a setting is kept (the timing-only run reads it)."""
+    return heads_dir / f"{card_name}_{setting}.safetensors"
+
+
+FEATURE_CACHE = Path(".cache/engine_ext/routers/contextual_features")
+"""The feature-set pass's states (chunks) and, under heads/, the seed-0 heads."""
+
+
+def run_feature_card(args, sets, engine, tokenize, write_card,
+                     cache_dir: Path = FEATURE_CACHE, grid: dict = FEATURE_GRID) -> None:
+    """Contextual MoL on SmolLM2 over --feature-layers / --feature-poolings: every setting of
+    args.settings, seed 0's head kept for the timing-only run, one card (`write_card`:
+    train._card)."""
+    from safetensors.torch import save_file
+
+    from engine_ext.routers.layer_cache import FeatureSpec
+
+    spec = FeatureSpec(tuple(args.feature_layers), tuple(args.feature_poolings))
+    name, rows, how = feature_card_name(spec), [], []
+    for setting in args.settings:
+        row, heads, choice = contextual_feature_setting(
+            engine, tokenize, sets[setting], args.seeds, spec, cache_dir,
+            stamp="smollm2-135m-instruct", is_timed=not args.untimed, grid=grid)
+        path = head_file(cache_dir / "heads", name, setting)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in heads[0].state_dict().items()}, str(path))
+        rows.append(row)
+        num = len(sets[setting].train)
+        steps = max(1, round(choice["epochs"] * num / BATCH))
+        how.append(f"{setting} {num} training queries, {steps} steps of {BATCH} "
+                   f"({choice['epochs']} epochs), weight decay {choice['weight_decay']}")
+    write_card(name, "contextual_mol", "smollm2-135m", spec.route_layer,
+               rows[0].work.num_head_params, args, rows,
+               f"q/k head d_head {D_HEAD}; query: the feature set {spec.label} (pooled states of "
+               "those layers side by side, L-1 the token embeddings), standardised per feature; "
+               f"options: each option name's mean layer-{spec.route_layer} state read after the "
+               "query (one pass of every option name over the turn's KV); AdamW lr 2e-3 "
+               f"one-cycle; length and weight decay chosen among {grid} by seed 0's "
+               f"accuracy on a seeded {VAL_FRACTION:.0%} validation carve of the training split "
+               "(the test split is not read), then trained on the whole training split: "
+               + "; ".join(how)
+               + ("; decision times pending (not timed on a loaded machine: "
+                  "python -m engine_ext.routers.run_contextual --time-card CARD)"
+                  if args.untimed else ""),
+               [sets[n] for n in args.settings])
+
+
+def time_card(card_path: Path, heads_dir: Path, engine, tokenize, sets: dict) -> None:
+    """Timing only: time the decisions of a feature-set card's rows with the seed-0 heads its
+    training kept, and write them (and this machine as the card's hardware) into the card."""
+    from safetensors.torch import load_file
+
+    from engine_ext.routers.layer_cache import FeatureSpec
+    from engine_ext.routers.measure import hardware
+    from sim.strategies.router_card import load_router_card, write_router_card
+
+    card = load_router_card(card_path)
+    spec = spec_of(card.training, FeatureSpec)
+    rows = []
+    for row in card.settings:
+        state = load_file(str(head_file(heads_dir, card.name, row.setting)))
+        head = ContextualHead(state["q.weight"].shape[1], D_HEAD,
+                              d_option=state["k.weight"].shape[1])
+        head.load_state_dict(state)
+        head.eval()
+        decision = time_feature_decisions(engine, head, spec, sets[row.setting], tokenize)
+        rows.append(row.model_copy(update={"decision": decision}))
+        print(f"timed {card.name} {row.setting}: p50 {decision.p50_ms:.2f} ms", flush=True)
+    write_router_card(card.model_copy(update={"settings": tuple(rows),
+                                              "hardware": hardware()}), card_path)
+    print(f"wrote {card_path}")
+
+
+def spec_of(training: str, spec_type):
+    """The feature set a card's training text names ('... the feature set L-1,0,8 mean+max
+    (...')."""
+    if "the feature set " not in training:
+        raise ValueError("the card's training text names no feature set: not a feature-set card")
+    layers, poolings = training.split("the feature set ", 1)[1].split(" (", 1)[0].split(" ")
+    return spec_type(tuple(int(x) for x in layers.removeprefix("L").split(",")),
+                     tuple(poolings.split("+")))
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Contextual MoL feature-set cards: timing only")
+    parser.add_argument("--time-card", type=Path, required=True)
+    parser.add_argument("--heads", type=Path,
+                        default=FEATURE_CACHE / "heads")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from engine_ext.data import default_text_dir
+    from engine_ext.routers.settings import load_settings
+    from engine_ext.routers.states import load_route_engine, turn_ids
+
+    engine, tokenizer = load_route_engine()
+    time_card(args.time_card, args.heads, engine, lambda t: turn_ids(tokenizer, t),
+              load_settings(default_text_dir()))
+
+
+if __name__ == "__main__":
+    main()

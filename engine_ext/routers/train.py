@@ -204,9 +204,13 @@ def run_mol2_regimes(args, sets, backbone, wait_s: float = 3600) -> None:
     print(f"added the training regimes to {path}", flush=True)
 
 
-def run_contextual(args, sets, backbone, card_name: str, router_key: str) -> None:
+def run_contextual(args, sets, backbone, card_name: str, router_key: str,
+                   engine=None) -> None:
     from engine_ext.routers import run_contextual as c
 
+    if args.feature_layers and engine is not None:  # SmolLM2 over a feature set
+        c.run_feature_card(args, sets, engine, backbone.tokenize, _card)
+        return
     rows = [c.contextual_setting(backbone, sets[n], args.seeds)
             for n in args.settings]
     _card(card_name, "contextual_mol", backbone.name, backbone.layer,
@@ -314,11 +318,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--feature-layers", type=int, nargs="+", default=None,
                         help="MoL2 on SmolLM2: read a feature set (probe_features): these "
                              "layers' pooled states side by side (-1: token embeddings), from "
-                             "the --features layer cache (default out/routers/layers_l9)")
+                             "the --features layer cache (default out/routers/layers_l9); "
+                             "Contextual MoL on SmolLM2: the same query, options read in its "
+                             "context at the deepest of these layers (run_contextual)")
     parser.add_argument("--feature-poolings", nargs="+", choices=("mean", "last", "max"),
                         default=["mean"], help="with --feature-layers: the poolings")
     parser.add_argument("--untimed", action="store_true",
-                        help="MoL2: do not time decisions (a loaded machine); the card's "
+                        help="MoL2, Contextual MoL over a feature set: do not time "
+                             "decisions (a loaded machine); the card's "
                              "decision times stay pending")
     parser.add_argument("--keep-timings", action="store_true",
                         help="MoL2: keep the decision times of the card's existing rows "
@@ -342,7 +349,8 @@ def main(argv: list[str] | None = None) -> None:
         if "mol2_regimes" in args.routers:
             run_mol2_regimes(args, sets, smollm2)
         if "contextual_smollm2" in args.routers:
-            run_contextual(args, sets, smollm2, "contextual-smollm2", "contextual_smollm2")
+            run_contextual(args, sets, smollm2, "contextual-smollm2", "contextual_smollm2",
+                           engine)
         if "l0" in args.routers:
             run_l0(args, sets, engine, tokenizer)
     if {"contextual_ced", "mol2_ced"} & set(args.routers):

@@ -1,0 +1,80 @@
+"""The CED probe reads every layer of the CED model as the engine computes it (the encoder
+output its routers read included), pools over real bytes only, and its rows join the
+baselines file the router table reads."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from engine_ext.ced.engine import CEDEngine
+from engine_ext.ced.model import CEDForCausalLM
+from engine_ext.config import get_preset
+from engine_ext.routers.ced_probe import (
+    baseline_rows,
+    ced_layer_states,
+    merge_baselines,
+    pooled_layers,
+    probe_cells,
+    render_markdown,
+)
+from engine_ext.routers.datasets import domains4_set
+
+
+def _byte_engine() -> CEDEngine:
+    torch.manual_seed(0)
+    cfg = get_preset("tiny").model_copy(update={"vocab_size": 260})
+    return CEDEngine(CEDForCausalLM(cfg).eval())
+
+
+@torch.no_grad()
+def test_every_layer_is_read_as_the_engine_computes_it_and_pads_never_count():
+    engine = _byte_engine()
+    tokens = torch.randint(0, 256, (2, 300), generator=torch.Generator().manual_seed(1))
+    states = ced_layer_states(engine, tokens)  # two chunks of 256 and 44
+    cfg = engine.model.config
+    assert len(states) == cfg.num_layers + 1 and states[0].shape == (2, 300, cfg.d_model)
+    torch.testing.assert_close(states[0], engine.model.model.embed_tokens(tokens))
+    encoder = engine.encode(tokens, chunk_size=256)  # what the routers read
+    torch.testing.assert_close(states[cfg.first_decoder_layer], encoder)
+    _, out = engine.oracle(tokens, None, chunk_size=256)
+    last = engine.model.lm_head(engine.model.model.norm(states[-1]))
+    torch.testing.assert_close(last, out.logits)
+    ids = [list(range(40, 50)), list(range(40, 45))]
+    pooled = pooled_layers(engine, ids)
+    alone = pooled_layers(engine, ids[1:])  # no padding
+    np.testing.assert_allclose(pooled["mean"][:, 1], alone["mean"][:, 0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(pooled["max"][:, 1], alone["max"][:, 0], rtol=1e-5, atol=1e-5)
+
+
+def test_the_probe_rows_join_the_baselines_and_the_table_text(tmp_path):
+    from engine_ext.data import encode
+
+    engine = _byte_engine()
+    domains = domains4_set({"train": 30, "val": 1, "test": 15}, max_bytes=40_000)
+    train = pooled_layers(engine, [encode(t) for t in domains.train.texts])
+    test = pooled_layers(engine, [encode(t) for t in domains.test.texts])
+    cells = probe_cells(train, test, domains, "heads")
+    layers = engine.model.config.num_layers
+    assert len(cells) == 2 * (layers + 1) + 1 and cells[-1]["layer"] == "all"
+    assert max(c["accuracy"] for c in cells) > 0.4  # chance 0.25
+    rows = baseline_rows(cells, routing_layer=2)
+    mean = {c["layer"]: c["accuracy"] for c in cells if c["pooling"] == "mean"}
+    best = max(mean, key=lambda k: (mean[k], -k))
+    assert {r.method for r in rows} == {"probe_ced-small_L2", f"probe_ced-small_L{best}"}
+    path = tmp_path / "baselines.json"
+    old = {"method": "probe_ced-small_L2", "setting": "domains4", "sample": "heads",
+           "num_options": 4, "num_train": 1, "num_test": 1, "accuracy": 0.0, "fit_seconds": 0}
+    keep = old | {"method": "tfidf_logreg", "accuracy": 0.8}
+    path.write_text(json.dumps({"command": "a", "rows": [old, keep]}))
+    merge_baselines(path, rows, {"domains4": 4}, "b")
+    doc = json.loads(path.read_text())
+    assert doc["command"] == "a; b" and doc["rows"][0] == keep
+    assert [r["accuracy"] for r in doc["rows"] if r["method"] == "probe_ced-small_L2"] == \
+        [mean[2]]
+    text = render_markdown({"command": "c", "routing_layer": 2, "cells": cells,
+                            "tfidf": {"domains4|heads": 0.8}})
+    assert "**domains4**, heads (120 training rows, 60 test; TF-IDF 80.0)" in text
+    assert f"| 2 | {100 * mean[2]:.1f} |" in text
