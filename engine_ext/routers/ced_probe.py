@@ -3,17 +3,17 @@
 ced-small's routers (MoL2, Contextual MoL) read its encoder output: layer 3 of 8, the "H19" of
 its layout. Whether that state carries the routing label at all is what the probe says: the
 same probe as the SmolLM2 rows (`baselines.create_probe`: standardise, logistic regression,
-C = 1), fitted on the pooled output of every layer of the model (-1: the byte embeddings, 0..3
-the encoder, 4..7 the decoder), mean and max over the turn's bytes, and on all of them side by
-side, trained on the setting's training rows and scored on its test rows (the rows of the
-TF-IDF baseline in `data/routers/baselines.json`).
+C = 1), fitted on the pooled output of every layer a router can read (-1: the byte embeddings,
+0..3 the encoder; the decoder layers above carry the adapters), mean and max over the turn's
+bytes, and on all of them side by side, trained on the setting's training rows and scored on
+its test rows (the rows of the TF-IDF baseline in `data/routers/baselines.json`).
 
     MOLCAP_DATA_DIR=... python -m engine_ext.routers.ced_probe [--settings domains4 ...]
 
 Writes docs/router_ced_probe.{json,md} and adds the probe of the routers' layer and of the best
 layer (mean-pooled, the routers' training rows) to data/routers/baselines.json, which the
-router table reads. The states come from one pass of the whole model per text (the engine's own
-`prefill`, chunked like the routing pass), read at each layer's input by forward pre-hooks.
+router table reads. The states come from the routers' own routing pass per text (the encoder
+alone, chunked), read at each layer's input by forward pre-hooks.
 """
 
 from __future__ import annotations
@@ -41,21 +41,21 @@ rows and the whole training split."""
 
 @torch.no_grad()
 def ced_layer_states(engine, tokens: torch.Tensor) -> list[torch.Tensor]:
-    """The byte embeddings and the output of every layer of the CED model over tokens [B, T]:
-    a list of L + 1 tensors [B, T, D] (one prefill from an empty state, in chunks of
-    CED_CHUNK; each layer's input is read by a forward pre-hook on its input norm, the last
-    layer's output at the final norm)."""
-    model = engine.model.model
+    """The byte embeddings and the output of every encoder layer over tokens [B, T]: a list of
+    E + 1 tensors [B, T, D], the last the encoder output the routers read. One routing pass
+    (`CEDEngine.encode`, chunks of CED_CHUNK); the input of layers 0..E-1 is read by a forward
+    pre-hook on its input norm."""
+    layers = engine.model.model.layers[: engine.model.config.first_decoder_layer]
     found: list[torch.Tensor] = []
-    norms = [layer.input_layernorm for layer in model.layers] + [model.norm]
-    hooks = [n.register_forward_pre_hook(lambda _m, args: found.append(args[0])) for n in norms]
+    hooks = [layer.input_layernorm.register_forward_pre_hook(
+        lambda _m, args: found.append(args[0])) for layer in layers]
     try:
-        engine.prefill(engine.new_state(tokens.shape[0]), tokens, None, chunk_size=CED_CHUNK)
+        encoded = engine.encode(tokens, chunk_size=CED_CHUNK)  # [B, T, D]
     finally:
         for hook in hooks:
             hook.remove()
-    per = len(norms)
-    return [torch.cat(found[i::per], dim=1) for i in range(per)]
+    per = len(layers)
+    return [torch.cat(found[i::per], dim=1) for i in range(per)] + [encoded]
 
 
 @torch.no_grad()
@@ -160,9 +160,10 @@ def render_markdown(doc: dict) -> str:
     """Per setting and sample: TF-IDF, then the probe per layer (mean / max) and all layers."""
     lines = [f"Linear probe (standardise + logistic regression, C = 1) on the states of "
              f"ced-small, test accuracy %; `{doc['command']}`. Layer -1: the byte embeddings; "
-             f"0-3 the encoder (the routers read layer {doc['routing_layer']}, its output); "
-             "4-7 the decoder. TF-IDF: the baseline on the same rows "
-             "(data/routers/baselines.json).", ""]
+             f"0-{doc['routing_layer']} the encoder (the routers read layer "
+             f"{doc['routing_layer']}, its output; the decoder layers above it carry the "
+             "adapters). TF-IDF: the baseline on the same rows (data/routers/baselines.json).",
+             ""]
     groups = dict.fromkeys((c["setting"], c["sample"]) for c in doc["cells"])
     for setting, sample in groups:
         cells = [c for c in doc["cells"] if (c["setting"], c["sample"]) == (setting, sample)]
@@ -182,7 +183,8 @@ def render_markdown(doc: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settings", nargs="+", default=["domains4", "clinc_domains10"])
-    parser.add_argument("--samples", nargs="+", choices=tuple(SAMPLES), default=list(SAMPLES))
+    parser.add_argument("--samples", nargs="+", choices=tuple(SAMPLES), default=["heads"],
+                        help="training rows: the routers' heads rows, and/or the whole split")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--baselines", type=Path, default=BASELINES_FILE)
     parser.add_argument("--model", type=Path, default=None,

@@ -35,13 +35,14 @@ def test_every_layer_is_read_as_the_engine_computes_it_and_pads_never_count():
     tokens = torch.randint(0, 256, (2, 300), generator=torch.Generator().manual_seed(1))
     states = ced_layer_states(engine, tokens)  # two chunks of 256 and 44
     cfg = engine.model.config
-    assert len(states) == cfg.num_layers + 1 and states[0].shape == (2, 300, cfg.d_model)
+    assert len(states) == cfg.first_decoder_layer + 1
+    assert all(s.shape == (2, 300, cfg.d_model) for s in states)
     torch.testing.assert_close(states[0], engine.model.model.embed_tokens(tokens))
-    encoder = engine.encode(tokens, chunk_size=256)  # what the routers read
-    torch.testing.assert_close(states[cfg.first_decoder_layer], encoder)
-    _, out = engine.oracle(tokens, None, chunk_size=256)
-    last = engine.model.lm_head(engine.model.model.norm(states[-1]))
-    torch.testing.assert_close(last, out.logits)
+    _, out = engine.oracle(tokens, None, chunk_size=256)  # the whole model, as it serves
+    torch.testing.assert_close(states[-1], out.encoder_hidden)  # what the routers read
+    layer0 = engine.model.model.layers[0]
+    assert not torch.allclose(states[1], states[0]) and not torch.allclose(states[2], states[1])
+    assert layer0.input_layernorm._forward_pre_hooks == {}  # the hooks are gone
     ids = [list(range(40, 50)), list(range(40, 45))]
     pooled = pooled_layers(engine, ids)
     alone = pooled_layers(engine, ids[1:])  # no padding
@@ -57,7 +58,7 @@ def test_the_probe_rows_join_the_baselines_and_the_table_text(tmp_path):
     train = pooled_layers(engine, [encode(t) for t in domains.train.texts])
     test = pooled_layers(engine, [encode(t) for t in domains.test.texts])
     cells = probe_cells(train, test, domains, "heads")
-    layers = engine.model.config.num_layers
+    layers = engine.model.config.first_decoder_layer
     assert len(cells) == 2 * (layers + 1) + 1 and cells[-1]["layer"] == "all"
     assert max(c["accuracy"] for c in cells) > 0.4  # chance 0.25
     rows = baseline_rows(cells, routing_layer=2)
