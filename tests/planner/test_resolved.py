@@ -166,3 +166,21 @@ def test_a_sweep_point_that_fails_to_resolve_records_its_error_and_the_others_ru
     result = sweep_module.run_sweep(spec, tmp_path / "out", backend="inline")
     assert list(result.errors.values()) == ["ValueError: no pricing at rate 2"]
     assert set(result.table["workload.arrival_rate_per_s"]) == {1.0}
+
+
+def test_layer_costs_are_built_once_per_strategy_gpu_and_engine_limits(scenario_file):
+    # A sweep or a capacity search prices the same strategies on the same GPUs at every point:
+    # a second resolution reuses the layer costs; another GPU or max_loras builds its own.
+    from planner.scenario.resolved import create_strategy_costing
+    from sim.hardware.catalogue import GPUS
+
+    first = load_resolved(scenario_file)
+    again = resolve_scenario(first.scenario, first.folder)
+    lora = create_strategy_costing(first, 0).profile
+    assert create_strategy_costing(again, 0).profile is lora
+    h20 = create_strategy_costing(first, 0, gpu=GPUS["H20"]).profile
+    assert h20 is not lora and h20.gpu.name == "H20"
+    engine = first.scenario.engine.model_copy(update={"max_loras": 1})
+    fewer = resolve_scenario(first.scenario.model_copy(update={"engine": engine}), first.folder)
+    slots = create_strategy_costing(fewer, 0).profile
+    assert slots is not lora and slots.lora_grid != lora.lora_grid
