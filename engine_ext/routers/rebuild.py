@@ -83,7 +83,8 @@ CHAINS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (_train("contextual_smollm2", "clinc_intents150"),),
     (_train("contextual_smollm2", "banking77"),),
     (_train("contextual_smollm2", "domains4", "clinc_domains10"),),
-    (_train("contextual_smollm2", "domains4", extra=CONTEXTUAL_FEATURES),),
+    (_train("contextual_smollm2", "domains4", extra=CONTEXTUAL_FEATURES),
+     _train("contextual_smollm2", "clinc_domains10", extra=CONTEXTUAL_FEATURES)),
     *((_train("mol2_ced", s),) for s in SETTINGS),
     *((_train("contextual_ced", s),) for s in SETTINGS),
 )

@@ -202,7 +202,7 @@ FEATURE_CACHE = Path(".cache/engine_ext/routers/contextual_features")
 
 
 def run_feature_card(args, sets, engine, tokenize, write_card,
-                     cache_dir: Path = FEATURE_CACHE, grid: dict = FEATURE_GRID) -> None:
+                     cache_dir: Path | None = None, grid: dict = FEATURE_GRID) -> None:
     """Contextual MoL on SmolLM2 over --feature-layers / --feature-poolings: every setting of
     args.settings, seed 0's head kept for the timing-only run, one card (`write_card`:
     train._card)."""
@@ -212,6 +212,7 @@ def run_feature_card(args, sets, engine, tokenize, write_card,
 
     spec = FeatureSpec(tuple(args.feature_layers), tuple(args.feature_poolings))
     name, rows, how = feature_card_name(spec), [], []
+    cache_dir = cache_dir or FEATURE_CACHE
     for setting in args.settings:
         row, heads, choice = contextual_feature_setting(
             engine, tokenize, sets[setting], args.seeds, spec, cache_dir,

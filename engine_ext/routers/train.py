@@ -209,7 +209,10 @@ def run_contextual(args, sets, backbone, card_name: str, router_key: str,
     from engine_ext.routers import run_contextual as c
 
     if args.feature_layers and engine is not None:  # SmolLM2 over a feature set
-        c.run_feature_card(args, sets, engine, backbone.tokenize, _card)
+        grid = dict(c.FEATURE_GRID)
+        grid.update({k: tuple(v) for k, v in (("epochs", args.contextual_epochs),
+                                              ("weight_decay", args.contextual_decays)) if v})
+        c.run_feature_card(args, sets, engine, backbone.tokenize, _card, grid=grid)
         return
     rows = [c.contextual_setting(backbone, sets[n], args.seeds)
             for n in args.settings]
@@ -323,6 +326,12 @@ def main(argv: list[str] | None = None) -> None:
                              "context at the deepest of these layers (run_contextual)")
     parser.add_argument("--feature-poolings", nargs="+", choices=("mean", "last", "max"),
                         default=["mean"], help="with --feature-layers: the poolings")
+    parser.add_argument("--contextual-epochs", type=int, nargs="+", default=None,
+                        help="Contextual MoL over a feature set: the training lengths (epochs) "
+                             "the validation carve chooses among (default run_contextual's)")
+    parser.add_argument("--contextual-decays", type=float, nargs="+", default=None,
+                        help="Contextual MoL over a feature set: the AdamW weight decays the "
+                             "validation carve chooses among (default run_contextual's)")
     parser.add_argument("--untimed", action="store_true",
                         help="MoL2, Contextual MoL over a feature set: do not time "
                              "decisions (a loaded machine); the card's "

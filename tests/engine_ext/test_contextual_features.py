@@ -82,26 +82,33 @@ def _args(tmp_path, settings, untimed: bool):
     return argparse.Namespace(
         settings=settings, seeds=[0, 1], untimed=untimed, cards=tmp_path / "cards",
         feature_layers=list(SPEC.layers), feature_poolings=list(SPEC.poolings),
+        contextual_epochs=[2, 8], contextual_decays=[0.5],
         command="python -m engine_ext.routers.train --routers contextual_smollm2",
         keep_timings=False, hardware=hardware())
 
 
-def test_the_feature_card_trains_on_the_whole_split_and_the_timing_only_run_fills_it(tmp_path):
+def test_the_feature_card_trains_on_the_whole_split_and_the_timing_only_run_fills_it(
+        tmp_path, monkeypatch):
     from engine_ext.routers import run_contextual as c
-    from engine_ext.routers.train import _card
+    from engine_ext.routers.backbones import Backbone
+    from engine_ext.routers.train import run_contextual
     from sim.strategies.router_card import load_router_card
 
     engine = _engine()
     domains = domains4_set({"train": 40, "val": 2, "test": 20}, max_bytes=40_000)
-    grid = {"epochs": (2, 8), "weight_decay": (0.01,)}
-    with torch.enable_grad():
-        c.run_feature_card(_args(tmp_path, ["domains4"], True), {"domains4": domains},
-                           engine, _tokenize, _card, cache_dir=tmp_path / "ctx", grid=grid)
+    backbone = Backbone("tiny", _tokenize, None, engine.hf.model.embed_tokens, 32, 3, "tiny",
+                        tmp_path / "pooled")
+    monkeypatch.setattr(c, "FEATURE_CACHE", tmp_path / "ctx")
+    with torch.enable_grad():  # train's entry point with --feature-layers and a grid
+        run_contextual(_args(tmp_path, ["domains4"], True), {"domains4": domains}, backbone,
+                       "contextual-smollm2", "contextual_smollm2", engine)
     path = tmp_path / "cards" / "contextual-smollm2-l2-x3-mean-max.json"
     card = load_router_card(path)
     [row] = card.settings
     assert card.routing_layer == 2 and row.decision is None and row.num_test == 80
     assert "domains4 160 training queries" in card.training and "pending" in card.training
+    assert "{'epochs': (2, 8), 'weight_decay': (0.5,)}" in card.training
+    assert "weight decay 0.5" in card.training
     assert row.work.num_prefill_tokens == sum(len(_tokenize(" " + n)) for n in
                                               ("chat", "code", "legal", "prose"))
     assert row.accuracy_mean > 0.4  # chance 0.25
