@@ -59,6 +59,45 @@ class FitErrorRow(_Frozen):
     """Coefficient of determination of the step times."""
 
 
+class RunFitRecord(_Frozen):
+    """What a run-level fit (simulation in the loop, `calibrate.gpu_run_fit`) saw: the serving
+    runs it replayed and the coefficients it moved. A validation of the profile leaves these
+    runs out (`calibrate.gpu_validate`)."""
+
+    dataset: str = Field(min_length=1)
+    """Dataset and its commit ("agullo-dt@bae36e2d")."""
+    group: str = Field(min_length=1)
+    """Run group the runs were taken from ("ml_modelling/test_dataset")."""
+    rule: str = Field(min_length=1)
+    """How the runs were chosen, in words a reader can repeat."""
+    run_ids: tuple[str, ...] = Field(min_length=1)
+    """Every run fitted on."""
+    engine_version: str = Field(min_length=1)
+    """Engine version of the runs."""
+    commit: str = Field(min_length=1)
+    """Commit of the code that ran the fit ("unknown" outside a git checkout)."""
+    targets: str = Field(min_length=1)
+    """Which metrics of which runs were residuals."""
+    window_s: float = Field(gt=0)
+    """Simulated window per run."""
+    warmup_s: float = Field(ge=0)
+    """Warm-up left out of each run's scores."""
+    start: dict[str, float]
+    """Unknowns at the start (the step-fitted values)."""
+    fitted: dict[str, float]
+    """Unknowns as fitted; the profile's coefficients carry these."""
+    rms_log_error_start: float = Field(ge=0)
+    """Root mean square of log(simulated / measured) over the residuals at the start."""
+    rms_log_error: float = Field(ge=0)
+    """The same at the fitted values."""
+    num_simulations: int = Field(ge=0)
+    """Runs simulated in the fit (all trial points)."""
+    wall_s: float = Field(ge=0)
+    """Wall time of the fit."""
+    load_average: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """Machine load (1, 5, 15 min) at the end of the fit."""
+
+
 class FitSummary(_Frozen):
     """How well the fitted coefficients explain the measured steps."""
 
@@ -75,6 +114,8 @@ class FitSummary(_Frozen):
     adapter_loads: dict[str, dict[str, float]] = Field(default_factory=dict)
     """Measured adapter loads per kind ("load": files into the CPU cache, "activate": into a
     device slot): count, median seconds and bytes, and the slot-load fit's MAPE."""
+    run_fit: RunFitRecord | None = None
+    """The run-level fit applied on top of the step fit, if any."""
 
 
 class CalibrationProfile(_Frozen):
