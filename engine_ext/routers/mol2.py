@@ -8,6 +8,7 @@ one after the other (staged, where the later setting can make it forget the earl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -42,15 +43,19 @@ def create_head(d_model: int, seed: int, d_query: int | None = None, **shape) ->
 
 
 def train_pointer(head: PointerHead, tasks: list[PointerTask], *, steps: int, batch: int = 64,
-                  lr: float = 2e-3, seed: int = 0, fit_scale: bool = True) -> list[float]:
+                  lr: float = 2e-3, seed: int = 0, fit_scale: bool = True,
+                  weight_decay: float = 0.01, query_dropout: float = 0.0,
+                  on_step: Callable[[int], bool] | None = None) -> list[float]:
     """Adam on cross-entropy over each task's options, tasks taken in turn; returns the losses.
 
     fit_scale: first fit the query standardisation on these tasks' queries (a later stage of
-    staged training keeps the statistics of the first)."""
+    staged training keeps the statistics of the first). query_dropout: share of the
+    standardised query features zeroed per training example (a dropped feature reads as its
+    training mean). on_step(steps done) after every step; True stops the training there."""
     if fit_scale:
         head.query_scale.fit(torch.cat([t.queries for t in tasks]))
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.01)
+    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
     orders = [torch.randperm(len(t.queries), generator=gen) for t in tasks]
     cursors = [0] * len(tasks)
@@ -62,14 +67,84 @@ def train_pointer(head: PointerHead, tasks: list[PointerTask], *, steps: int, ba
         pick = order[(torch.arange(batch) + cursors[k]) % len(order)]
         cursors[k] += batch
         options = head.encode_options(task.option_embeds, task.option_mask)
-        loss = F.cross_entropy(head(task.queries[pick], options), task.labels[pick])
+        query = task.queries[pick]  # [batch, d_query]
+        if query_dropout:
+            centre = head.query_scale.mean
+            query = centre + F.dropout(query - centre, query_dropout)
+        loss = F.cross_entropy(pointer_logits(head, query, options), task.labels[pick])
         opt.zero_grad()
         loss.backward()
         opt.step()
         sched.step()
         losses.append(loss.item())
+        if on_step is not None and on_step(step + 1):
+            break
     head.eval()
     return losses
+
+
+@dataclass(frozen=True)
+class HeadTraining:
+    """How one head is trained: the values validation chooses, recorded in the card."""
+
+    max_steps: int
+    """Training steps of the one-cycle schedule (early stopping may keep an earlier state)."""
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+    """AdamW's decoupled weight decay."""
+    query_dropout: float = 0.0
+    eval_every: int = 0
+    """Steps between validation checks; 0: no early stopping, the last state is kept."""
+    patience: int = 4
+    """Checks without a better validation accuracy before the run stops."""
+    batch: int = 64
+
+    @property
+    def label(self) -> str:
+        """'lr 0.002, wd 0.01, dropout 0'."""
+        return f"lr {self.lr:g}, wd {self.weight_decay:g}, dropout {self.query_dropout:g}"
+
+
+@dataclass(frozen=True)
+class TrainedHead:
+    """A head trained with early stopping: the kept step and the validation curve."""
+
+    head: PointerHead
+    best_step: int
+    best_val: float
+    curve: tuple[tuple[int, float], ...]
+    """(steps done, validation accuracy) at every check."""
+    losses: tuple[float, ...]
+
+
+def fit_head(head: PointerHead, train: PointerTask, val: PointerTask | None,
+             how: HeadTraining, seed: int) -> TrainedHead:
+    """Train `head` as `how` says; with `val` and eval_every, keep the state of the best
+    validation accuracy (ties: the earlier) and stop after `patience` checks without a gain.
+    The test split is never seen here."""
+    curve: list[tuple[int, float]] = []
+    best: dict = {"acc": -1.0, "step": 0, "state": None, "since": 0}
+
+    def check(step: int) -> bool:
+        if val is None or not how.eval_every or (step % how.eval_every and step != how.max_steps):
+            return False
+        acc = accuracy(head, val, fast=True)
+        head.train()
+        curve.append((step, acc))
+        if acc > best["acc"]:
+            best.update(acc=acc, step=step, since=0,
+                        state={k: v.detach().clone() for k, v in head.state_dict().items()})
+        else:
+            best["since"] += 1
+        return best["since"] >= how.patience
+
+    losses = train_pointer(head, [train], steps=how.max_steps, batch=how.batch, lr=how.lr,
+                           seed=seed, weight_decay=how.weight_decay,
+                           query_dropout=how.query_dropout, on_step=check)
+    if best["state"] is None:
+        return TrainedHead(head, len(losses), -1.0, (), tuple(losses))
+    head.load_state_dict(best["state"])
+    return TrainedHead(head, best["step"], best["acc"], tuple(curve), tuple(losses))
 
 
 @torch.no_grad()
@@ -78,17 +153,33 @@ def encode(head: PointerHead, task: PointerTask) -> OptionCache:
     return head.encode_options(task.option_embeds, task.option_mask)
 
 
+def pointer_logits(head: PointerHead, query: torch.Tensor, options: OptionCache
+                   ) -> torch.Tensor:
+    """head(query, options), with the options' cross-attention keys and values projected once
+    per batch instead of once per query: the batch's queries are one sequence attending to
+    the same memory, and each query's softmax is its own row, so the logits are the head's.
+    Training spends most of its time there otherwise. query [B, d_query] -> [B, O]."""
+    q = head.query_proj(head.query_scale(query)).unsqueeze(0)  # [1, B, d_head]
+    memory = options.tokens[options.mask].unsqueeze(0)  # [1, M, d_head]: every option token
+    ctx, _ = head.cross_attn(q, memory, memory)  # [1, B, d_head]
+    q = head.pointer_q(head.query_norm(q + ctx)).squeeze(0)  # [B, d_head]
+    return (q @ options.keys.T) * head.scale  # [B, O]
+
+
 @torch.no_grad()
-def predict(head: PointerHead, task: PointerTask, batch: int = 256) -> torch.Tensor:
-    """Chosen option per query [N]."""
+def predict(head: PointerHead, task: PointerTask, batch: int = 256, fast: bool = False
+            ) -> torch.Tensor:
+    """Chosen option per query [N] (fast: through pointer_logits; else the head's own
+    forward, as the engine runs it)."""
     options = encode(head, task)
-    return torch.cat([head(task.queries[i : i + batch], options).argmax(-1)
+    score = (lambda q: pointer_logits(head, q, options)) if fast else (lambda q: head(q, options))
+    return torch.cat([score(task.queries[i : i + batch]).argmax(-1)
                       for i in range(0, len(task.queries), batch)])
 
 
-def accuracy(head: PointerHead, task: PointerTask) -> float:
+def accuracy(head: PointerHead, task: PointerTask, fast: bool = False) -> float:
     """Share of queries routed to their labelled option."""
-    return float((predict(head, task) == task.labels).float().mean())
+    return float((predict(head, task, fast=fast) == task.labels).float().mean())
 
 
 def num_params(module: torch.nn.Module) -> int:

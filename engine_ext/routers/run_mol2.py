@@ -4,6 +4,7 @@ regimes, timing, card rows."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -12,7 +13,16 @@ from safetensors.torch import save_file
 from engine_ext.routers.backbones import Backbone
 from engine_ext.routers.datasets import RoutingSet
 from engine_ext.routers.measure import measure, setting_result
-from engine_ext.routers.mol2 import PointerTask, accuracy, create_head, num_params, train_pointer
+from engine_ext.routers.mol2 import (
+    HeadTraining,
+    PointerTask,
+    TrainedHead,
+    accuracy,
+    create_head,
+    fit_head,
+    num_params,
+    train_pointer,
+)
 from engine_ext.routing import PointerHead, mean_pool
 from sim.strategies.router_card import DecisionWork, SettingResult
 
@@ -127,35 +137,90 @@ def _timers(backbone: Backbone, head: PointerHead, routing_set: RoutingSet,
     return in_engine, standalone, len(texts)
 
 
+@dataclass(frozen=True)
+class HeadSearch:
+    """What seed 0's validation accuracy chooses among (every combination), and the early
+    stopping every run of the setting then uses."""
+
+    max_steps: int
+    eval_every: int
+    lrs: tuple[float, ...] = (2e-3,)
+    weight_decays: tuple[float, ...] = (0.01,)
+    query_dropouts: tuple[float, ...] = (0.0,)
+    patience: int = 4
+
+    def candidates(self) -> list[HeadTraining]:
+        """Every combination, in the order given (ties go to the first)."""
+        return [HeadTraining(self.max_steps, lr, wd, p, self.eval_every, self.patience, BATCH)
+                for lr in self.lrs for wd in self.weight_decays for p in self.query_dropouts]
+
+
+def _curve_text(curve) -> str:
+    return " ".join(f"{step}:{100 * acc:.1f}" for step, acc in curve)
+
+
+def search_heads(backbone, tasks: dict[str, PointerTask], seeds: list[int], search: HeadSearch
+                 ) -> tuple[list[PointerHead], list[float], str]:
+    """Choose the training on seed 0's validation accuracy, then train every seed with it
+    (early-stopped on validation); returns heads, seconds per seed and what the card records."""
+    d_query = getattr(backbone, "d_query", backbone.d_model)
+
+    def run(how: HeadTraining, seed: int) -> tuple[TrainedHead, float]:
+        start = time.perf_counter()
+        head = create_head(backbone.d_model, seed, d_query, **HEAD_SHAPE)
+        done = fit_head(head, tasks["train"], tasks["val"], how, seed)
+        print(f"  seed {seed} {how.label}: validation {_curve_text(done.curve)}; kept step "
+              f"{done.best_step}", flush=True)
+        return done, time.perf_counter() - start
+
+    tried = {how: run(how, seeds[0]) for how in search.candidates()}
+    chosen = max(tried, key=lambda h: tried[h][0].best_val)  # max keeps the first of ties
+    found = [tried[chosen] if seed == seeds[0] else run(chosen, seed) for seed in seeds]
+    num_train = len(tasks["train"].labels)
+    steps = [f.best_step for f, _ in found]
+    text = (f"validation {len(tasks['val'].labels)} queries (never the test rows); candidates "
+            "(seed 0's best validation accuracy, step): "
+            + ", ".join(f"{h.label} {100 * t.best_val:.1f}% @{t.best_step}"
+                        for h, (t, _) in tried.items())
+            + f"; chosen {chosen.label}; at most {search.max_steps} steps of {BATCH}, one-cycle, "
+            f"validation every {search.eval_every} steps, the best state kept, stop after "
+            f"{search.patience} checks without a gain; steps kept per seed {steps} "
+            f"({min(steps) * BATCH / num_train:.1f}-{max(steps) * BATCH / num_train:.1f} "
+            f"epochs); seed 0 validation curve (step:accuracy %) "
+            f"{_curve_text(found[0][0].curve)}")
+    return [f.head for f, _ in found], [sec for _, sec in found], text
+
+
 def mol2_setting(backbone: Backbone, routing_set: RoutingSet, seeds: list[int],
                  heads_dir: Path, grid: tuple[int, ...] = (),
-                 timed: SettingResult | None = None, *, is_timed: bool = True
-                 ) -> tuple[SettingResult, PointerHead]:
-    """Train one head per seed (for `grid`'s length with the best validation accuracy, its one
+                 timed: SettingResult | None = None, *, is_timed: bool = True,
+                 search: HeadSearch | None = None) -> tuple[SettingResult, PointerHead, str]:
+    """Train one head per seed (with `search`: the training seed 0's validation accuracy
+    chooses, early-stopped; else for `grid`'s length with the best validation accuracy, its one
     length, else STEPS), test each, time seed 0's (or keep the decision times of `timed`, a
     row measured before on the same head shape and options; or, with is_timed False, leave
-    them pending); returns the row and seed 0's head."""
+    them pending); returns the row, seed 0's head and how the heads were chosen ('' without a
+    search)."""
     tasks = mol2_tasks(backbone, routing_set)
     d_query = getattr(backbone, "d_query", backbone.d_model)
-    steps, val = (choose_steps(backbone.d_model, tasks, grid, d_query=d_query) if len(grid) > 1
-                  else (grid[0] if grid else STEPS, {}))
-    heads, seconds = train_seeds(backbone.d_model, [tasks["train"]], seeds, steps, d_query)
+    chosen = ""
+    if search is not None:
+        heads, seconds, chosen = search_heads(backbone, tasks, seeds, search)
+        val, steps = "chosen", search.max_steps
+    else:
+        steps, val = (choose_steps(backbone.d_model, tasks, grid, d_query=d_query)
+                      if len(grid) > 1 else (grid[0] if grid else STEPS, {}))
+        heads, seconds = train_seeds(backbone.d_model, [tasks["train"]], seeds, steps, d_query)
     accs = [accuracy(h, tasks["test"]) for h in heads]
     print(f"mol2 {backbone.name} {routing_set.name}: {len(tasks['train'].labels)} training "
-          f"queries, validation {val}, {steps} steps of {BATCH} "
+          f"queries, validation {val}, at most {steps} steps of {BATCH} "
           f"({steps * BATCH / len(tasks['train'].labels):.1f} epochs); test accuracy per seed "
           f"{[round(a, 4) for a in accs]}", flush=True)
     save_head(heads[0], heads_dir / f"mol2_{backbone.name}_{routing_set.name}.safetensors")
     if not is_timed:
         decision = alone = None
     elif timed is None:
-        in_engine, standalone, n = _timers(backbone, heads[0], routing_set, tasks["test"])
-        states = (f"the {backbone.spec.label} states" if hasattr(backbone, "spec")
-                  else "mean-pool of the layer-k states")
-        decision = measure(in_engine, n, f"{states} the request's prefill already computed "
-                           "(pooled, side by side) + pointer head over cached option embeddings")
-        alone = measure(standalone, n, "prefill of the user turn to layer k + pool + pointer "
-                        "head")
+        decision, alone = time_decisions(backbone, heads[0], routing_set, tasks["test"])
     else:
         decision, alone = timed.decision, timed.standalone
     work = DecisionWork(num_prefill_tokens=0, num_decode_tokens=0,
@@ -163,7 +228,43 @@ def mol2_setting(backbone: Backbone, routing_set: RoutingSet, seeds: list[int],
                         num_tokens_per_option=float(tasks["test"].option_mask.sum(1)
                                                     .float().mean()))
     row = setting_result(routing_set, len(tasks["test"].labels), accs, seconds, decision, work)
-    return row.model_copy(update={"standalone": alone}), heads[0]
+    return row.model_copy(update={"standalone": alone}), heads[0], chosen
+
+
+def time_decisions(backbone, head: PointerHead, routing_set: RoutingSet, task: PointerTask):
+    """(in-engine decision, out-of-engine decision) times of `head` on the setting's first
+    test turns; `task` gives the options (its queries are not used)."""
+    in_engine, standalone, n = _timers(backbone, head, routing_set, task)
+    states = (f"the {backbone.spec.label} states" if hasattr(backbone, "spec")
+              else "mean-pool of the layer-k states")
+    decision = measure(in_engine, n, f"{states} the request's prefill already computed "
+                       "(pooled, side by side) + pointer head over cached option embeddings")
+    alone = measure(standalone, n, "prefill of the user turn to layer k + pool + pointer head")
+    return decision, alone
+
+
+def load_head(backbone, path: Path) -> PointerHead:
+    """A head saved by save_head, in float32, for this backbone's query width."""
+    from safetensors.torch import load_file
+
+    head = create_head(backbone.d_model, 0, getattr(backbone, "d_query", backbone.d_model),
+                       **HEAD_SHAPE)
+    head.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()})
+    return head.eval()
+
+
+def retime_setting(backbone, routing_set: RoutingSet, row: SettingResult, head_file: Path
+                   ) -> SettingResult:
+    """A card row with the decision times of its saved seed-0 head measured now (no training:
+    the accuracy and everything else stay as the row has them)."""
+    if not head_file.exists():
+        raise FileNotFoundError(f"{head_file}: no saved head of {routing_set.name} to time "
+                                "(train the setting first, or pass --head-cache)")
+    head = load_head(backbone, head_file)
+    embeds, mask = backbone.option_embeddings(routing_set.descriptions)
+    task = PointerTask(torch.zeros(1, 1), torch.zeros(1, dtype=torch.long), embeds, mask)
+    decision, alone = time_decisions(backbone, head, routing_set, task)
+    return row.model_copy(update={"decision": decision, "standalone": alone})
 
 
 def regimes(backbone: Backbone, generic: RoutingSet, domain: RoutingSet, seeds: list[int]

@@ -28,11 +28,14 @@ SUBSAMPLE_SEED = 0
 """Seed of the per-router subsamples of a split (Contextual MoL, L0), fixed like DATA_SEED."""
 
 
-def load_settings(text_dir: Path, train_per_class: int | None = None
-                  ) -> dict[str, RoutingSet]:
+def load_settings(text_dir: Path, train_per_class: int | None = None,
+                  val_per_class: int | None = None) -> dict[str, RoutingSet]:
     """domains4, clinc_domains10, clinc_intents150 and banking77, by name; `train_per_class`
-    replaces the training rows per class of CLINC150 and BANKING77."""
+    and `val_per_class` replace the training and validation rows per class of CLINC150 and
+    BANKING77 (validation: CLINC150's own split, BANKING77's every 10th training row; never
+    test rows)."""
     train = {} if train_per_class is None else {"train": train_per_class}
+    train |= {} if val_per_class is None else {"val": val_per_class}
     domains10, intents150 = clinc_sets(text_dir, CLINC_PER_INTENT | train, DATA_SEED)
     sets = [domains4_set(DOMAINS4_PER_DOMAIN, DATA_SEED), domains10, intents150,
             banking77_set(text_dir, BANKING_PER_CLASS | train, DATA_SEED)]

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from engine_ext.data import default_text_dir
+from engine_ext.routers import train_mol2 as tm
 from engine_ext.routers.measure import hardware
 from engine_ext.routers.settings import load_settings
 from engine_ext.routers.states import MODEL_NAME, ROUTE_LAYER
@@ -84,16 +85,23 @@ def _merge(card: RouterCard, old: RouterCard) -> RouterCard:
                   if s.setting in ALL_SETTINGS else len(ALL_SETTINGS))
     commands = list(dict.fromkeys([*old.command.split("; "), card.command]))
     how = {s.setting: text for s, text in zip(old.settings, _training_per_row(old), strict=True)}
-    how.update({name: card.training for name in mine})
-    groups: dict[str, list[str]] = {}
-    for row in rows:
-        groups.setdefault(how[row.setting], []).append(row.setting)
-    training = card.training if len(groups) == 1 else TRAINING_SEPARATOR.join(
-        f"{', '.join(names)}: {text}" for text, names in groups.items())
+    how.update({s.setting: text for s, text in zip(card.settings, _training_per_row(card),
+                                                   strict=True)})
+    training = _grouped_training(rows, how)
     return card.model_copy(update={
         "settings": tuple(rows), "command": "; ".join(commands), "regimes": old.regimes,
         "training": training,
         "data_sources": tuple(sorted({*old.data_sources, *card.data_sources}))})
+
+
+def _grouped_training(rows, how: dict[str, str]) -> str:
+    """One `training` text for rows trained as `how` says, by setting (rows trained alike
+    share one part)."""
+    groups: dict[str, list[str]] = {}
+    for row in rows:
+        groups.setdefault(how[row.setting], []).append(row.setting)
+    return next(iter(groups)) if len(groups) == 1 else TRAINING_SEPARATOR.join(
+        f"{', '.join(names)}: {text}" for text, names in groups.items())
 
 
 def _card(name: str, router: str, model: str, layer: int, num_params: int, args, rows,
@@ -120,11 +128,12 @@ def run_mol2(args, sets, backbone, card_name: str, router_key: str) -> None:
     goes to data/routers for the vLLM test."""
     from engine_ext.routers import run_mol2 as m
 
-    rows, timed = [], _timed_rows(args, card_name)
+    rows, timed, chosen = [], _timed_rows(args, card_name), {}
+    search = tm.head_search(args)
     for name in args.settings:
-        row, head = m.mol2_setting(backbone, sets[name], args.seeds, CACHE_DIR / "heads",
-                                   tuple(args.mol2_steps), timed.get(name),
-                                   is_timed=not args.untimed)
+        row, head, chosen[name] = m.mol2_setting(
+            backbone, sets[name], args.seeds, args.head_cache / card_name, tuple(args.mol2_steps),
+            timed.get(name), is_timed=not args.untimed, search=search)
         rows.append(row)
         # the vLLM test's heads read layer ROUTE_LAYER mean-pooled: only that card makes them
         if name == VLLM_SETTING and card_name == "mol2-smollm2":
@@ -133,36 +142,53 @@ def run_mol2(args, sets, backbone, card_name: str, router_key: str) -> None:
             control, _ = m.train_seeds(backbone.d_model, [m.shuffled(tasks["train"], 1)],
                                        args.seeds[:1])
             m.save_head(control[0], args.heads / f"mol2_smollm2_{name}_shuffled.safetensors")
+    common = (f"pointer head {m.HEAD_SHAPE}, query standardised per feature, "
+              + ("AdamW one-cycle" if search else "AdamW lr 2e-3 one-cycle")
+              + f", batches of {m.BATCH} " + tm.query_text(backbone) + ", ")
+    tail = ((", decision times kept from the card's earlier measurement"
+             if args.keep_timings else "") + (tm.PENDING if args.untimed else ""))
+    if search is not None:
+        how = {n: common + tm.train_sizes(sets, [n]) + "; " + chosen[n] + tail
+               for n in args.settings}
+        training = _grouped_training(rows, how)
+    else:
+        training = (common + f"{tm.train_sizes(sets, args.settings)}, "
+                    + (f"steps per setting chosen among {args.mol2_steps} by seed 0's "
+                       "validation accuracy (printed in the log; the test split is not looked "
+                       "at)" if len(args.mol2_steps) > 1
+                       else tm.epochs(sets, args.settings, (args.mol2_steps or [m.STEPS])[0],
+                                    m.BATCH)) + tail)
     _card(card_name, "mol2", backbone.name, backbone.layer, rows[0].work.num_head_params, args,
-          rows, f"pointer head {m.HEAD_SHAPE}, query standardised per feature, AdamW lr 2e-3 "
-          f"one-cycle, batches of {m.BATCH} " + _query_text(backbone) + ", "
-          f"{_train_sizes(sets, args.settings)}, "
-          + (f"steps per setting chosen among {args.mol2_steps} by seed 0's validation "
-             "accuracy (printed in the log; the test split is not looked at)"
-             if len(args.mol2_steps) > 1 else _epochs(sets, args.settings,
-                                                     (args.mol2_steps or [m.STEPS])[0], m.BATCH))
-          + (", decision times kept from the card's earlier measurement"
-             if args.keep_timings else "")
-          + (", decision times pending (not timed on a loaded machine; time them with "
-             "this command without --untimed)" if args.untimed else ""),
-          [sets[n] for n in args.settings])
+          rows, training, [sets[n] for n in args.settings])
 
 
-def _query_text(backbone) -> str:
-    spec = getattr(backbone, "spec", None)
-    if spec is not None:
-        return (f"queries of the feature set {spec.label} ({backbone.d_query} features: the "
-                "pooled states of those layers side by side, L-1 the token embeddings)")
-    return f"{getattr(backbone, 'pooling', 'mean')}-pooled layer-{backbone.layer} states"
+def time_mol2(args, sets, backbone, card_name: str) -> None:
+    """--time-only: measure the decision times of the card's saved seed-0 heads of
+    args.settings on this machine, now; nothing is trained, the accuracies stay."""
+    from engine_ext.routers import run_mol2 as m
 
-
-def _train_sizes(sets, names) -> str:
-    return "training queries " + ", ".join(f"{n} {len(sets[n].train)}" for n in names)
-
-
-def _epochs(sets, names, steps: int, batch: int) -> str:
-    return f"{steps} steps of {batch} (" + ", ".join(
-        f"{n} {steps * batch / len(sets[n].train):.1f} epochs" for n in names) + ")"
+    path = args.cards / f"{card_name}.json"
+    with _locked(path):
+        card = load_router_card(path)
+        have = {r.setting: r for r in card.settings}
+        lost = [n for n in args.settings if n not in have]
+        heads = {n: args.head_cache / card_name / f"mol2_{backbone.name}_{n}.safetensors"
+                 for n in args.settings}
+        missing = [str(f) for f in heads.values() if not f.exists()]
+        if lost or missing:
+            print(f"{path}: cannot time {lost or missing}: "
+                  + ("no such row (train the setting first)" if lost else
+                     "no saved seed-0 head (train the setting first, or pass --head-cache)"),
+                  file=sys.stderr)
+            raise SystemExit(2)
+        rows = {}
+        for name in args.settings:
+            rows[name] = m.retime_setting(backbone, sets[name], have[name], heads[name])
+            print(f"timed {name}: p50 {rows[name].decision.p50_ms:.3f} ms", flush=True)
+        how = dict(zip(have, _training_per_row(card), strict=True))
+        write_router_card(tm.retimed(card, rows, how, args.hardware, args.command,
+                                     _grouped_training), path)
+    print(f"wrote {path}", flush=True)
 
 
 def timing_source(args, card_name: str) -> Path | None:
@@ -339,12 +365,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep-timings", action="store_true",
                         help="MoL2: keep the decision times of the card's existing rows "
                              "instead of timing again")
+    tm.add_head_options(parser, CACHE_DIR)
     args = parser.parse_args(argv)
-    args.command = "python -m engine_ext.routers.train " + shlex.join(sys.argv[1:] if argv is None
-                                                                      else argv)
+    tm.check_head_options(parser, args)
+    args.command = "python -m engine_ext.routers.train " + shlex.join(
+        tm.recorded_args(sys.argv[1:] if argv is None else argv))
     torch.set_num_threads(args.threads)
     args.hardware = hardware()
-    sets = load_settings(args.text_dir or default_text_dir(), args.train_per_class)
+    sets = load_settings(args.text_dir or default_text_dir(), args.train_per_class,
+                         args.val_per_class)
     start = time.time()
     if {"mol2", "mol2_regimes", "contextual_smollm2", "l0"} & set(args.routers):
         from engine_ext.routers.backbones import smollm2_backbone
@@ -354,7 +383,10 @@ def main(argv: list[str] | None = None) -> None:
         smollm2 = smollm2_backbone(engine, tokenizer)
         if "mol2" in args.routers:
             backbone, card_name = _mol2_smollm2(args, smollm2, engine, tokenizer)
-            run_mol2(args, sets, backbone, card_name, "mol2")
+            if args.time_only:
+                time_mol2(args, sets, backbone, card_name)
+            else:
+                run_mol2(args, sets, backbone, card_name, "mol2")
         if "mol2_regimes" in args.routers:
             run_mol2_regimes(args, sets, smollm2)
         if "contextual_smollm2" in args.routers:

@@ -119,14 +119,14 @@ def test_mol2_reads_a_feature_set_fills_the_cache_on_demand_and_leaves_timing_pe
     assert (backbone.d_query, backbone.d_model, backbone.layer) == (6 * 32, 32, 1)
     domains = domains4_set({"train": 8, "val": 2, "test": 4}, max_bytes=20_000)
     with torch.enable_grad():
-        row, head = mol2_setting(backbone, domains, [0, 1], tmp_path / "heads", (3,),
+        row, head, _ = mol2_setting(backbone, domains, [0, 1], tmp_path / "heads", (3,),
                                  is_timed=False)
     np.testing.assert_allclose(backbone.pooled(domains.test.texts).numpy(),
                                features(cache, domains.test.texts, spec))  # filled once
     assert head.query_proj.in_features == 6 * 32 and head.option_in.in_features == 32
     assert row.decision is None and row.standalone is None and len(row.accuracy_per_seed) == 2
     with torch.enable_grad():
-        timed, _ = mol2_setting(backbone, domains, [0], tmp_path / "heads", (3,))
+        timed, _, _ = mol2_setting(backbone, domains, [0], tmp_path / "heads", (3,))
     assert timed.decision.num_requests == 30 and timed.standalone is not None
     assert "L-1,0,1 mean+max" in timed.decision.includes
     # what the timed decision computes from the engine's unpadded states = the cached features
