@@ -148,10 +148,12 @@ class HeadSearch:
     weight_decays: tuple[float, ...] = (0.01,)
     query_dropouts: tuple[float, ...] = (0.0,)
     patience: int = 4
+    batch: int = BATCH
 
     def candidates(self) -> list[HeadTraining]:
         """Every combination, in the order given (ties go to the first)."""
-        return [HeadTraining(self.max_steps, lr, wd, p, self.eval_every, self.patience, BATCH)
+        return [HeadTraining(self.max_steps, lr, wd, p, self.eval_every, self.patience,
+                             self.batch)
                 for lr in self.lrs for wd in self.weight_decays for p in self.query_dropouts]
 
 
@@ -182,10 +184,12 @@ def search_heads(backbone, tasks: dict[str, PointerTask], seeds: list[int], sear
             "(seed 0's best validation accuracy, step): "
             + ", ".join(f"{h.label} {100 * t.best_val:.1f}% @{t.best_step}"
                         for h, (t, _) in tried.items())
-            + f"; chosen {chosen.label}; at most {search.max_steps} steps of {BATCH}, one-cycle, "
+            + f"; chosen {chosen.label}; at most {search.max_steps} steps of {search.batch}, "
+            "one-cycle, "
             f"validation every {search.eval_every} steps, the best state kept, stop after "
             f"{search.patience} checks without a gain; steps kept per seed {steps} "
-            f"({min(steps) * BATCH / num_train:.1f}-{max(steps) * BATCH / num_train:.1f} "
+            f"({min(steps) * search.batch / num_train:.1f}-"
+            f"{max(steps) * search.batch / num_train:.1f} "
             f"epochs); seed 0 validation curve (step:accuracy %) "
             f"{_curve_text(found[0][0].curve)}")
     return [f.head for f, _ in found], [sec for _, sec in found], text
@@ -206,15 +210,16 @@ def mol2_setting(backbone: Backbone, routing_set: RoutingSet, seeds: list[int],
     chosen = ""
     if search is not None:
         heads, seconds, chosen = search_heads(backbone, tasks, seeds, search)
-        val, steps = "chosen", search.max_steps
+        val, steps, batch = "chosen", search.max_steps, search.batch
     else:
         steps, val = (choose_steps(backbone.d_model, tasks, grid, d_query=d_query)
                       if len(grid) > 1 else (grid[0] if grid else STEPS, {}))
         heads, seconds = train_seeds(backbone.d_model, [tasks["train"]], seeds, steps, d_query)
+        batch = BATCH
     accs = [accuracy(h, tasks["test"]) for h in heads]
     print(f"mol2 {backbone.name} {routing_set.name}: {len(tasks['train'].labels)} training "
-          f"queries, validation {val}, at most {steps} steps of {BATCH} "
-          f"({steps * BATCH / len(tasks['train'].labels):.1f} epochs); test accuracy per seed "
+          f"queries, validation {val}, at most {steps} steps of {batch} "
+          f"({steps * batch / len(tasks['train'].labels):.1f} epochs); test accuracy per seed "
           f"{[round(a, 4) for a in accs]}", flush=True)
     save_head(heads[0], heads_dir / f"mol2_{backbone.name}_{routing_set.name}.safetensors")
     if not is_timed:

@@ -144,7 +144,8 @@ def run_mol2(args, sets, backbone, card_name: str, router_key: str) -> None:
             m.save_head(control[0], args.heads / f"mol2_smollm2_{name}_shuffled.safetensors")
     common = (f"pointer head {m.HEAD_SHAPE}, query standardised per feature, "
               + ("AdamW one-cycle" if search else "AdamW lr 2e-3 one-cycle")
-              + f", batches of {m.BATCH} " + tm.query_text(backbone) + ", ")
+              + f", batches of {search.batch if search else m.BATCH} "
+              + tm.query_text(backbone) + ", ")
     tail = ((", decision times kept from the card's earlier measurement"
              if args.keep_timings else "") + (tm.PENDING if args.untimed else ""))
     if search is not None:

@@ -51,6 +51,8 @@ def add_head_options(parser: argparse.ArgumentParser, cache_dir: Path) -> None:
     parser.add_argument("--mol2-weight-decay", type=float, nargs="+", default=[0.01])
     parser.add_argument("--mol2-dropout", type=float, nargs="+", default=[0.0],
                         help="share of the standardised query features dropped in training")
+    parser.add_argument("--mol2-batch", type=int, default=64,
+                        help="with --mol2-early-stop: queries per training step")
     parser.add_argument("--mol2-patience", type=int, default=4,
                         help="with --mol2-early-stop: checks without a gain before stopping")
     parser.add_argument("--time-only", action="store_true",
@@ -66,8 +68,8 @@ def check_head_options(parser: argparse.ArgumentParser, args) -> None:
     if args.mol2_early_stop and len(args.mol2_steps) != 1:
         parser.error(f"--mol2-early-stop needs exactly one --mol2-steps value (the most steps), "
                      f"got {args.mol2_steps}")
-    if args.mol2_early_stop < 0 or args.mol2_patience < 1:
-        parser.error("--mol2-early-stop must be >= 0 and --mol2-patience >= 1")
+    if args.mol2_early_stop < 0 or args.mol2_patience < 1 or args.mol2_batch < 1:
+        parser.error("--mol2-early-stop must be >= 0, --mol2-patience and --mol2-batch >= 1")
     bad = [p for p in args.mol2_dropout if not 0 <= p < 1]
     if bad:
         parser.error(f"--mol2-dropout {bad}: allowed 0 <= p < 1")
@@ -84,7 +86,7 @@ def head_search(args):
         return None
     return HeadSearch(args.mol2_steps[0], args.mol2_early_stop, tuple(args.mol2_lr),
                       tuple(args.mol2_weight_decay), tuple(args.mol2_dropout),
-                      args.mol2_patience)
+                      args.mol2_patience, args.mol2_batch)
 
 
 def retimed(card: RouterCard, rows: dict, how: dict[str, str], hardware: Hardware,

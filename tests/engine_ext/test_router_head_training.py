@@ -69,6 +69,21 @@ def test_the_training_logits_are_the_heads_own():
                                head(task.queries, options), atol=1e-5, rtol=1e-5)
 
 
+def test_a_step_reads_the_batch_it_is_given():
+    import torch.nn.functional as F
+
+    from engine_ext.routers.mol2 import encode, pointer_logits
+
+    train = _task(50, 1)
+    head = create_head(D_OPTION, 0, D_QUERY, **SHAPE)
+    head.query_scale.fit(train.queries)
+    with torch.no_grad():  # the whole task in one batch: the first loss is its mean loss
+        want = F.cross_entropy(pointer_logits(head, train.queries, encode(head, train)),
+                               train.labels)
+    done = fit_head(head, train, None, HeadTraining(max_steps=1, batch=50), seed=0)
+    assert done.losses[0] == pytest.approx(float(want), rel=1e-5)
+
+
 def test_weight_decay_reaches_the_optimiser():
     train = _task(200, 1)
     norms = []
@@ -97,10 +112,11 @@ def test_the_search_chooses_what_validation_prefers_and_trains_every_seed_with_i
     monkeypatch.setattr(run_mol2, "HEAD_SHAPE", SHAPE)
     tasks = {"train": _task(200, 1), "val": _task(80, 2)}
     backbone = argparse.Namespace(d_model=D_OPTION, d_query=D_QUERY)
-    search = HeadSearch(max_steps=60, eval_every=20, lrs=(0.0, 5e-3), patience=2)
+    search = HeadSearch(max_steps=60, eval_every=20, lrs=(0.0, 5e-3), patience=2, batch=16)
     heads, seconds, text = search_heads(backbone, tasks, [0, 1], search)
     assert len(heads) == 2 and len(seconds) == 2
     assert "chosen lr 0.005, wd 0.01, dropout 0;" in text, text
+    assert "at most 60 steps of 16," in text
     assert "validation 80 queries" in text and "steps kept per seed" in text
     assert all(accuracy(h, tasks["val"]) > 0.9 for h in heads)
 
