@@ -50,7 +50,9 @@ def test_the_rebuild_runs_the_commands_the_shipped_cards_record():
     recorded = {cmd for path in cards for cmd in load_router_card(path).command.split("; ")}
     # mol2_regimes adds a table to the MoL2 card and records no command of its own
     made = {command_text(r) for chain in CHAINS for r in chain if "mol2_regimes" not in r}
-    assert recorded == made
+    # a card trained untimed records its --time-only command once a quiet machine has run it
+    pending = {c for c in made - recorded if "--time-only" in c}
+    assert recorded == made - pending
 
 
 def test_cards_name_their_data_relative_to_the_data_dir_and_no_lock_is_left_in_the_repo(
