@@ -24,14 +24,14 @@ CUTS = {  # slice folder -> (cut function, full dataset folder under the data ro
 }
 
 
-UPSTREAM_ONLY = "server_out.loads.log"
-"""Files cut from the upstream repository (data/gpu/cut_agullo_loads.py), not from the shared
-data."""
+UPSTREAM_ONLY = {"server_out.loads.log", "engine_metrics.csv", "sharegpt_first_turns.csv"}
+"""Files cut from upstream sources, not from the shared data (data/gpu/cut_agullo_loads.py,
+cut_agullo_engine_metrics.py, cut_sharegpt_first_turns.py)."""
 
 
 def _files(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes()
-            for p in sorted(root.rglob("*")) if p.is_file() and p.name != UPSTREAM_ONLY}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name not in UPSTREAM_ONLY}
 
 
 def _load_script(path: Path):
