@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-from calibrate.gpu_runs import ServingRun, predict_run
+from calibrate.gpu_runs import ServingRun, backlog_of, predict_run
 from sim.cost.cost_model import CostCoeffs
 
 FIT_GROUP = "ml_modelling/test_dataset"
@@ -126,8 +126,8 @@ def _bounds(names: Sequence[str], start: CostCoeffs) -> tuple[np.ndarray, np.nda
 
 
 def _simulate(task) -> dict:
-    run, coeffs, window_s, warmup_s = task
-    return predict_run(run, coeffs, window_s=window_s, warmup_s=warmup_s)
+    run, coeffs, window_s, warmup_s, backlog = task
+    return predict_run(run, coeffs, window_s=window_s, warmup_s=warmup_s, num_backlog=backlog)
 
 
 @dataclass
@@ -143,6 +143,9 @@ class _Objective:
     pool: ProcessPoolExecutor | None
     num_simulations: int = 0
     first_rms: list = field(default_factory=list)
+    backlogs: tuple = ()
+    """Per run, the waiting requests its replay starts behind, settled once at the start values
+    (`calibrate.gpu_runs.backlog_of`): switching it inside the objective would make it jump."""
 
     def coeffs(self, log_factors) -> CostCoeffs:
         return self.start.model_copy(update={
@@ -151,7 +154,8 @@ class _Objective:
 
     def __call__(self, log_factors) -> np.ndarray:
         coeffs = self.coeffs(log_factors)
-        tasks = [(run, coeffs, self.window_s, self.warmup_s) for run in self.runs]
+        tasks = [(run, coeffs, self.window_s, self.warmup_s, backlog)
+                 for run, backlog in zip(self.runs, self.backlogs, strict=True)]
         predicted = list(self.pool.map(_simulate, tasks) if self.pool else map(_simulate, tasks))
         self.num_simulations += len(tasks)
         out = np.asarray([np.log(p[m] / v) for run, meas, p in zip(
@@ -177,8 +181,10 @@ def fit_runs(runs: Sequence[ServingRun], measured: Sequence[dict[str, float]],
         raise ValueError(f"unknowns {zero}: starting value must be > 0 (fitted as factors)")
     pool = ProcessPoolExecutor(workers) if workers > 1 else None
     try:
+        backlogs = tuple(backlog_of(run, start, window_s=window_s, warmup_s=warmup_s)
+                         for run in runs)
         objective = _Objective(tuple(names), start, list(runs), list(measured), window_s,
-                               warmup_s, pool)
+                               warmup_s, pool, backlogs=backlogs)
         # xtol: a few tenths of the 5% difference step, below which the simulated metrics
         # (counts and quantiles) do not resolve a change.
         result = least_squares(objective, np.zeros(len(names)), bounds=_bounds(names, start),

@@ -15,12 +15,18 @@ steady state:
 * `lora_overhead` (`predictor_latency_overhead`): `max_num_seqs` sequences over N adapters at
   `max_loras` 300; measured: the median step and its median distinct adapters (`overhead_steps
   .csv`); `lora_warmup`: the client's warm-up before it, batch 1 with one adapter.
+
+`first_request_gaps` reads the same warm-ups for what the API server adds to an adapter's first
+request, and `api_path_s` the `lora_probe` runs for what it adds to every request (neither is
+a step: `calibrate.gpu_runs` adds them to the replayed TTFT).
 """
 
 from __future__ import annotations
 
 import csv
 import gzip
+import re
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,3 +159,49 @@ def load_agullo_samples(root: Path = DATA_DIR) -> AgulloSamples:
         _estimator_sample(out, path, line, row)
     _overhead_samples(out, root / "overhead_steps.csv")
     return out
+
+
+STEP_TRACE = "derived/per_step_scheduler_trace.csv.gz"
+_WARMUP_RUN = re.compile(r"overhead_small/output/_\d+_\d+_\d+__\d+_(\d+)_(\d+)$")
+
+
+def first_request_gaps(root: Path = DATA_DIR) -> list[float]:
+    """Seconds the engine idles before each adapter's first request, beyond a step, in the
+    distinct-adapter sweep's warm-ups. The client sends one request per adapter, each as soon
+    as the previous one has finished, to a server that holds every adapter in its host cache
+    and device slots (`max_loras` 300): the engine's steps run back to back within a request,
+    and between two requests it waits for the next to come through the API server, which on
+    an adapter's first request loads the tokenizer from the adapter's folder (vLLM 0.8.5's
+    `TokenizerGroup.get_lora_tokenizer`; the fork's dummy adapters carry tokenizer files: its
+    server logs never say "No tokenizer found"). A gap is a step interval over 3x the run's
+    median within the warm-up (requests x output length steps); the median step is
+    subtracted."""
+    path = root / STEP_TRACE
+    runs: dict[str, list[float]] = {}
+    for line, row in _rows(path):
+        match = _WARMUP_RUN.search(row["run_id"])
+        if match and int(match.group(2)) > 1 and row["interval_since_prev_step_ms"]:
+            limit = int(match.group(1)) * int(match.group(2))
+            steps = runs.setdefault(row["run_id"], [])
+            if len(steps) < limit:
+                steps.append(_num(path, line, row, "interval_since_prev_step_ms") / 1e3)
+    gaps = []
+    for steps in runs.values():
+        step = statistics.median(steps)
+        gaps += [s - step for s in steps if s > 3 * step]
+    return gaps
+
+
+def api_path_s(root: Path = DATA_DIR) -> float:
+    """Median seconds a request spends outside the engine's steps before its first token
+    reaches the client (HTTP, tokenizing, handing it to the engine, detokenizing, streaming),
+    from the `lora_probe` runs: one short ShareGPT request alone on an idle LoRA engine, whose
+    TTFT is that path plus one prefill step, priced here as the run's TPOT (a decode step of
+    the same batch of one; the prefill of its few tokens costs about as much)."""
+    path = root / RUNS_SUMMARY
+    gaps = []
+    for line, row in _rows(path):
+        if row["group"].startswith("find_available") and row["mean_tpot_ms"]:
+            ttft = _num(path, line, row, "mean_ttft_ms")
+            gaps.append((ttft - _num(path, line, row, "mean_tpot_ms")) / 1e3)
+    return statistics.median(gaps)
