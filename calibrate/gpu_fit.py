@@ -3,7 +3,7 @@ H100-SXM profiles on vidur's operator times (`calibrate.gpu_vidur_fit`), and der
 GPU kinds that have no measurements of their own (`calibrate.gpu_scaled`).
 
     python -m calibrate.gpu_fit            # rewrites the shipped GPU profiles (step fit)
-    python -m calibrate.gpu_run_fit        # the run-level fit on top (not shipped: see
+    python -m calibrate.gpu_run_profile        # the run-level fit on top (not shipped: see
                                            # docs/validation-gpu.md)
 
 The fit is the step-level fit of `calibrate.fitter` over `calibrate.gpu_samples`: base-model

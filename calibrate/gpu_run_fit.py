@@ -1,7 +1,7 @@
 """Simulation in the loop: fit cost coefficients to run-level metrics of serving runs by
 replaying each run through the simulator at trial coefficients, on top of the step fit.
 
-    python -m calibrate.gpu_run_fit [--stride 60] [--window-s 90] [--workers 2]
+    python -m calibrate.gpu_run_profile [--stride 60] [--window-s 90] [--workers 2]
     (rewrites the shipped H100-64GB profile and the profiles derived from it)
 
 Some data gives only run-level metrics: the measured throughput and TPOT of a run at known
@@ -208,14 +208,3 @@ def code_commit() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return out.stdout.strip() or "unknown"
-
-
-def main(argv=None) -> None:
-    """The command: fit, write the run-fitted H100-64GB profile and what derives from it."""
-    from calibrate.gpu_run_profile import main as run
-
-    run(argv)
-
-
-if __name__ == "__main__":
-    main()

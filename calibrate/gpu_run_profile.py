@@ -2,7 +2,7 @@
 unknowns of the run-level fit (`calibrate.gpu_run_fit`) set to their fitted values, a record of
 what that fit saw (`fit.run_fit`), and the profiles derived from it rewritten.
 
-    python -m calibrate.gpu_run_fit [--stride 60] [--window-s 90] [--workers 2]
+    python -m calibrate.gpu_run_profile [--stride 60] [--window-s 90] [--workers 2]
 
 The start is always the step fit: a profile already run-fitted has its record's `start`
 values put back first, so the command gives the same profile when run again.
@@ -116,7 +116,7 @@ def main(argv=None) -> None:
                    warmup_s=warmup_s, max_nfev=args.max_nfev, workers=args.workers)
     wall_s = time.monotonic() - began
     load = tuple(round(x, 2) for x in os.getloadavg())
-    command = (f"python -m calibrate.gpu_run_fit --stride {args.stride} --offset {args.offset} "
+    command = (f"python -m calibrate.gpu_run_profile --stride {args.stride} --offset {args.offset} "
                f"--window-s {args.window_s:g} --max-nfev {args.max_nfev} "
                f"--unknowns {args.unknowns}")
     record = RunFitRecord(
@@ -135,3 +135,7 @@ def main(argv=None) -> None:
           f"{fit.rms_log_error:.3f}")
     for name, s, v in zip(fit.names, fit.start, fit.values, strict=True):
         print(f"  {name}: {s:.4g} -> {v:.4g}")
+
+
+if __name__ == "__main__":
+    main()

@@ -149,7 +149,6 @@ def pricing_errors(scenario, gpu_name: str, base_dir: Path | None = None) -> Pro
     None where assumed coefficients price it or the profile has no validation."""
     from planner.scenario.pricing import DEFAULT_PROFILES, profile_path
     from planner.scenario.resolved import as_resolved
-
     from planner.scenario.workloads import is_offline
 
     resolved = as_resolved(scenario, base_dir)

@@ -73,7 +73,7 @@ def test_the_run_fitted_profile_records_its_runs_and_gives_back_the_step_fit(tmp
         fitted=dict(zip(names, values, strict=True)),
         rms_log_error_start=0.2, rms_log_error=0.1,
         num_simulations=3, wall_s=1.0)
-    profile = run_fitted_profile(source, fit, record, "python -m calibrate.gpu_run_fit")
+    profile = run_fitted_profile(source, fit, record, "python -m calibrate.gpu_run_profile")
     write_profile(profile, tmp_path / "p.yaml")
     back = load_profile(tmp_path / "p.yaml")
     assert back.fit.run_fit == record

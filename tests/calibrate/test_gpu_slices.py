@@ -1,8 +1,9 @@
 """The GPU slices in data/gpu are what data/cut_gpu_slices.py (and, for agullo-dt, also
 data/gpu/cut_agullo_slice.py) cuts from the full datasets (byte for byte). The agullo-dt adapter
 load logs (`server_out.loads.log`) are cut by data/gpu/cut_agullo_loads.py from the upstream
-repository, which the shared data does not hold: they are left out of the comparison. Needs the full data: skipped unless MOLCAP_DATA_DIR points at a copy of the
-team's shared data (holding gpu/<dataset> and perf/)."""
+repository, which the shared data does not hold: they are left out of the comparison. Needs
+the full data: skipped unless MOLCAP_DATA_DIR points at a copy of the team's shared data
+(holding gpu/<dataset> and perf/)."""
 
 from __future__ import annotations
 
