@@ -53,8 +53,8 @@ get a short reply (correlation of the logs -0.45), where these draws are indepen
 LENGTHS = "lognormal"
 """The replay's default lengths. ShareGPT's (`lengths="sharegpt"`) are the runs' own and bring
 TTFT p50 and TPOT p99 closer (docs/gpu-errors.md), but with them the run-level fit's synthetic
-round trip (tests/calibrate/test_gpu_run_fit.py) lands 10.0% off one unknown, just outside its
-10% band: the default stays until that fit is rechecked with them."""
+round trip (tests/calibrate/test_gpu_run_fit.py before 447da13) lands 10.0% off one unknown,
+just outside its 10% band: the default stays until that fit is rechecked with them."""
 MAX_PROMPT_TOKENS, MAX_TOTAL_TOKENS = 1024, 2048
 """vLLM's benchmark_serving ShareGPT filter."""
 RATE_CAP_RPS = 80.0
