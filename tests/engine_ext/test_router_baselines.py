@@ -69,7 +69,7 @@ def test_mol2_retrained_with_kept_timings_keeps_the_measured_decision_times(tmp_
 
     backbone = _ced_backbone(tmp_path)
     domains = domains4_set({"train": 8, "val": 2, "test": 4}, max_bytes=20_000)
-    measured, _ = mol2_setting(backbone, domains, [0], tmp_path / "heads", (3,))
-    kept, _ = mol2_setting(backbone, domains, [1], tmp_path / "heads", (3,), timed=measured)
+    measured, _, _ = mol2_setting(backbone, domains, [0], tmp_path / "heads", (3,))
+    kept, _, _ = mol2_setting(backbone, domains, [1], tmp_path / "heads", (3,), timed=measured)
     assert kept.decision == measured.decision and kept.standalone == measured.standalone
     assert kept.num_test == 16 and kept.train_seconds_mean != measured.train_seconds_mean

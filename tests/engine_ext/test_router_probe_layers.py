@@ -124,7 +124,7 @@ def test_mol2_reads_another_layer_and_pooling_from_the_cache_and_trains_on_it(tm
     torch.testing.assert_close(last.pooled(texts)[1], states[0, -1], rtol=1e-5, atol=1e-5)
     domains = domains4_set({"train": 8, "val": 2, "test": 4}, max_bytes=20_000)
     with torch.enable_grad():
-        row, _ = mol2_setting(mean, domains, [0], tmp_path / "heads", (3,))
+        row, _, _ = mol2_setting(mean, domains, [0], tmp_path / "heads", (3,))
     assert row.num_test == 16 and row.setting == "domains4"
     assert [mol2_card_name(25, "mean"), mol2_card_name(12, "mean"),
             mol2_card_name(12, "last")] == ["mol2-smollm2", "mol2-smollm2-l12",
