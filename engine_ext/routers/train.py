@@ -109,7 +109,7 @@ def _card(name: str, router: str, model: str, layer: int, num_params: int, args,
     sources = sorted({src for s in sets for src in s.sources})
     path = args.cards / f"{name}.json"
     # kept decision times stay with the machine that measured them
-    source = timing_source(args, name)
+    source = tm.timing_source(args, name)
     hardware = load_router_card(source).hardware if source else args.hardware
     card = RouterCard(name=name, router=router, model=model, routing_layer=layer,
                       num_params=num_params, seeds=tuple(args.seeds), training=training,
@@ -128,7 +128,7 @@ def run_mol2(args, sets, backbone, card_name: str, router_key: str) -> None:
     goes to data/routers for the vLLM test."""
     from engine_ext.routers import run_mol2 as m
 
-    rows, timed, chosen = [], _timed_rows(args, card_name), {}
+    rows, timed, chosen = [], tm.timed_rows(args, card_name), {}
     search = tm.head_search(args)
     for name in args.settings:
         row, head, chosen[name] = m.mol2_setting(
@@ -190,28 +190,6 @@ def time_mol2(args, sets, backbone, card_name: str) -> None:
         write_router_card(tm.retimed(card, rows, how, args.hardware, args.command,
                                      _grouped_training), path)
     print(f"wrote {path}", flush=True)
-
-
-def timing_source(args, card_name: str) -> Path | None:
-    """With --keep-timings: the card whose decision times (and hardware) are kept: the card
-    itself, or for a new MoL2 card of another SmolLM2 layer, mol2-smollm2 (same head and
-    options: the in-engine decision, pool + head, does not depend on the layer; the kept
-    out-of-engine time, a prefill to layer 25, is an upper bound for a lower layer)."""
-    if not getattr(args, "keep_timings", False):
-        return None
-    path = args.cards / f"{card_name}.json"
-    if not path.exists() and card_name.startswith("mol2-smollm2-l"):
-        path = args.cards / "mol2-smollm2.json"
-    return path if path.exists() else None
-
-
-def _timed_rows(args, card_name: str) -> dict:
-    """With --keep-timings: the decision times of the card's existing rows, by setting (the
-    accuracy is re-measured, the timing is not: a loaded machine's times would be noise)."""
-    path = timing_source(args, card_name)
-    if path is None:
-        return {}
-    return {row.setting: row for row in load_router_card(path).settings}
 
 
 def run_mol2_regimes(args, sets, backbone, wait_s: float = 3600) -> None:

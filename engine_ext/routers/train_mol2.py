@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sim.strategies.router_card import Hardware, RouterCard
+from sim.strategies.router_card import Hardware, RouterCard, load_router_card
 
 PENDING = (", decision times pending (not timed on a loaded machine; the card's --time-only "
            "command times them)")
@@ -120,3 +120,25 @@ def epochs(sets, names, steps: int, batch: int) -> str:
     """A fixed length in epochs per setting, for the card."""
     return f"{steps} steps of {batch} (" + ", ".join(
         f"{n} {steps * batch / len(sets[n].train):.1f} epochs" for n in names) + ")"
+
+
+def timing_source(args, card_name: str) -> Path | None:
+    """With --keep-timings: the card whose decision times (and hardware) are kept: the card
+    itself, or for a new MoL2 card of another SmolLM2 layer, mol2-smollm2 (same head and
+    options: the in-engine decision, pool + head, does not depend on the layer; the kept
+    out-of-engine time, a prefill to layer 25, is an upper bound for a lower layer)."""
+    if not getattr(args, "keep_timings", False):
+        return None
+    path = args.cards / f"{card_name}.json"
+    if not path.exists() and card_name.startswith("mol2-smollm2-l"):
+        path = args.cards / "mol2-smollm2.json"
+    return path if path.exists() else None
+
+
+def timed_rows(args, card_name: str) -> dict:
+    """With --keep-timings: the decision times of the card's existing rows, by setting (the
+    accuracy is re-measured, the timing is not: a loaded machine's times would be noise)."""
+    path = timing_source(args, card_name)
+    if path is None:
+        return {}
+    return {row.setting: row for row in load_router_card(path).settings}

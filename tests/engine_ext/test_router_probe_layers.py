@@ -154,7 +154,8 @@ def test_a_new_layer_card_keeps_the_decision_times_of_the_layer_25_card(tmp_path
     import shutil
     from types import SimpleNamespace
 
-    from engine_ext.routers.train import CARDS_DIR, timing_source
+    from engine_ext.routers.train import CARDS_DIR
+    from engine_ext.routers.train_mol2 import timing_source
 
     shutil.copy(CARDS_DIR / "mol2-smollm2.json", tmp_path / "mol2-smollm2.json")
     args = SimpleNamespace(keep_timings=True, cards=tmp_path)
