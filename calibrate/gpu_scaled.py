@@ -25,7 +25,7 @@ SM_CLOCKS = {
 }
 """GPU kind -> (streaming multiprocessors, boost clock GHz, source)."""
 PROGRAM_TERMS = ("lora_idle_shrink_program_s", "lora_idle_expand_program_s",
-                 "lora_working_program_s")
+                 "lora_working_program_s", "lora_working_mac_s")
 SCALED_PROFILES = {"H200": "h200-scaled-from-h100-64gb",
                    "H20": "h20-scaled-from-h100-64gb"}
 """GPU kind -> name of its derived profile. The A100-80GB and the 80 GB H100 (H100-SXM) have

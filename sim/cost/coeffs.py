@@ -49,6 +49,11 @@ class CostCoeffs(BaseModel):
     lora_working_program_s: float = Field(default=0.0, ge=0, le=1e-3)
     """Device seconds per LoRA kernel program that computes (a block of one adapter's tokens
     against one tile of its A or B): what each distinct adapter in the step adds."""
+    lora_working_mac_s: float = Field(default=0.0, ge=0, le=1e-9)
+    """Device seconds per multiply-accumulate of a computing LoRA program's tile, on top of
+    `lora_working_program_s` (`sim.cost.lora_kernels.lora_working_macs`): a shrink program
+    reduces over its split-K share of the input width (1/64 of it under 128 tokens, 1/8
+    above), so a program's price follows its work, not only its count."""
     direft_flops_efficiency: float = Field(default=0.25, gt=0, le=1)
     """Achieved share of peak FLOP/s in DiReFT's edits, apart from LoRA's: the plugin computes
     them as plain matmuls over the edited rows of each adapter, while vLLM's CPU LoRA path first

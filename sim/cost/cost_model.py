@@ -20,7 +20,7 @@ from sim.cost.coeffs import (  # noqa: F401  (re-exported: callers import them f
     default_coeffs,
 )
 from sim.cost.layer_costs import LayerCosts
-from sim.cost.lora_kernels import lora_program_counts
+from sim.cost.lora_kernels import lora_program_counts, lora_working_macs
 from sim.cost.tp_communication import find_all_reduce_fit, tensor_parallel_communication_s
 
 
@@ -262,7 +262,8 @@ def _lora_grid_s(c: CostCoeffs, p: LayerCosts, batch: StepBatch, mask: np.ndarra
     that exits at once (slots without tokens) and each that computes (`sim.cost.lora_kernels`)."""
     grid = p.lora_grid
     if grid is None or not (c.lora_kernel_step_s or c.lora_idle_shrink_program_s
-                            or c.lora_idle_expand_program_s or c.lora_working_program_s):
+                            or c.lora_idle_expand_program_s or c.lora_working_program_s
+                            or c.lora_working_mac_s):
         return 0.0
     if not adapted.any() and not p.lora_kernels_run_unadapted:
         return 0.0
@@ -272,8 +273,11 @@ def _lora_grid_s(c: CostCoeffs, p: LayerCosts, batch: StepBatch, mask: np.ndarra
     num_adapters = np.unique(batch.adapter_ids[adapted]).size
     tokens = np.full(num_adapters, batch.num_new_tokens[adapted].sum() / max(num_adapters, 1))
     shrink, expand, working = lora_program_counts(grid, num_tokens, tokens, p.adapter_rank or 1)
-    return (c.lora_kernel_step_s + shrink * c.lora_idle_shrink_program_s
-            + expand * c.lora_idle_expand_program_s + working * c.lora_working_program_s)
+    t = (c.lora_kernel_step_s + shrink * c.lora_idle_shrink_program_s
+         + expand * c.lora_idle_expand_program_s + working * c.lora_working_program_s)
+    if c.lora_working_mac_s:  # 0 in a profile without it: its prices stay bit for bit
+        t += c.lora_working_mac_s * lora_working_macs(grid, tokens, p.adapter_rank or 1)
+    return t
 
 
 def _direft_s(c: CostCoeffs, p: LayerCosts, batch: StepBatch, mask: np.ndarray) -> float:

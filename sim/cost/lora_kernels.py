@@ -8,7 +8,10 @@ of the batch's tokens and every block of the output: a program whose slot holds 
 step, or whose token block lies past its slot's tokens, exits at once. So a LoRA-enabled engine
 pays for `max_loras` itself even when few adapters run, and each distinct adapter in the step
 adds the programs that compute. Block sizes are the engine's default kernel configuration; the
-cost model prices the two counts with fitted seconds per program (`sim.cost.coeffs`).
+cost model prices the two counts with fitted seconds per program (`sim.cost.coeffs`), and a
+computing program also by its work: the shrink splits its reduction over the slice's input
+width K into `split_k` programs (64 under 128 tokens, 8 above), so one of its programs reduces
+over K / split_k, while an expand program reduces over the rank (padded to its 16-wide K block).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class LoraKernelConfig:
     shrink_split_k_batch: int = 128
     expand_block_m: int = 64
     expand_block_n: int = 128
+    expand_block_k: int = 16
+    """The expand's K block: the rank is reduced in blocks of 16 (rank 8 computes a padded 16)."""
 
 
 VLLM_085_KERNELS = LoraKernelConfig()
@@ -51,6 +56,8 @@ class LoraGrid:
     grid spans its widest slice for every slice)."""
     num_slots: int
     """Slots the grid spans: max_loras + 1."""
+    shrink_k_total: int = 0
+    """Input widths (the shrink's K) summed over the shrink slices, all layers."""
     config: LoraKernelConfig = VLLM_085_KERNELS
 
 
@@ -59,14 +66,16 @@ def create_lora_grid(shapes: dict[tuple[int, str], tuple[int, int]], max_loras: 
     """The grid of the wrapped (layer, module) -> (in, out) shapes on an engine with
     `max_loras` device slots."""
     layers = sorted({layer for layer, _ in shapes})
-    slices, blocks = 0, 0
+    slices, blocks, k_total = 0, 0, 0
     for layer in layers:
         for group in FUSED_GROUPS:
-            widths = [shapes[(layer, m)][1] for m in group if (layer, m) in shapes]
-            if widths:
-                slices += len(widths)
-                blocks += len(widths) * -(-max(widths) // config.expand_block_n)
-    return LoraGrid(slices, blocks, max_loras + 1 if shapes else 0, config)
+            present = [shapes[(layer, m)] for m in group if (layer, m) in shapes]
+            if present:
+                slices += len(present)
+                blocks += len(present) * -(-max(out for _, out in present)
+                                           // config.expand_block_n)
+                k_total += sum(width_in for width_in, _ in present)
+    return LoraGrid(slices, blocks, max_loras + 1 if shapes else 0, k_total, config)
 
 
 def programs_per_slot(grid: LoraGrid, num_step_tokens: int, num_tokens: np.ndarray,
@@ -95,3 +104,18 @@ def lora_program_counts(grid: LoraGrid, num_step_tokens: int, tokens_per_adapter
     idle_expand = grid.num_slots * float(expand[0]) - float(busy_expand.sum())
     return (max(idle_shrink, 0.0), max(idle_expand, 0.0),
             float(busy_shrink.sum() + busy_expand.sum()))
+
+
+def lora_working_macs(grid: LoraGrid, tokens_per_adapter: np.ndarray, rank: int) -> float:
+    """Multiply-accumulates of one step's computing programs, tile by tile (a started token
+    block computes a whole tile): a shrink program's block_m x block_n tile over its K /
+    split_k share of each slice's input width, an expand program's block_m x block_n tile over
+    the rank padded to the K block. The shrink's total does not depend on split-K: more
+    programs, each with less of K."""
+    c = grid.config
+    n = np.asarray(tokens_per_adapter, dtype=float)
+    shrink_tiles = np.ceil(n / c.shrink_block_m).sum() * -(-rank // c.shrink_block_n)
+    shrink = shrink_tiles * c.shrink_block_m * c.shrink_block_n * grid.shrink_k_total
+    padded_rank = -(-rank // c.expand_block_k) * c.expand_block_k
+    expand_tiles = np.ceil(n / c.expand_block_m).sum() * grid.num_expand_blocks
+    return float(shrink + expand_tiles * c.expand_block_m * c.expand_block_n * padded_rank)

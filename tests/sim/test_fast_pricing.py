@@ -16,6 +16,7 @@ from sim.simulate import create_profile
 # per-layer, per-sequence and prompt overheads.
 EVERY_TERM = dict(lora_kernel_step_s=3e-5, lora_idle_shrink_program_s=2e-8,
                   lora_idle_expand_program_s=3e-8, lora_working_program_s=5e-8,
+                  lora_working_mac_s=2e-17,
                   lora_slice_launch_s=1e-6, lora_token_gather_share=0.7, layer_overhead_s=2e-6,
                   per_sequence_overhead_s=1.3e-5, prompt_step_overhead_s=4e-4)
 

@@ -12,7 +12,7 @@ import pytest
 
 from sim.cost.cost_model import CostCoeffs, create_step_batch, predict_step
 from sim.cost.layer_costs import create_layer_costs
-from sim.cost.lora_kernels import lora_program_counts, programs_per_slot
+from sim.cost.lora_kernels import lora_program_counts, lora_working_macs, programs_per_slot
 from sim.hardware.catalogue import get_gpu, get_model
 
 LLAMA = get_model("llama-3.1-8b")
@@ -88,3 +88,38 @@ def test_distinct_adapters_add_working_programs_linearly_at_decode():
 def test_zero_coefficients_leave_the_step_unchanged():
     zero = CostCoeffs()
     assert step_s(lora_profile(300), 5, coeffs=zero) == step_s(lora_profile(0), 5, coeffs=zero)
+
+
+def test_working_macs_of_llama_by_hand():
+    grid = lora_profile(8).lora_grid
+    # Shrink K summed over the 7 slices of a layer: q, k, v, o, gate, up read the 4,096-wide
+    # hidden state, down the 14,336-wide intermediate one; 32 layers.
+    assert grid.shrink_k_total == 32 * (6 * 4096 + 14336)
+    # One token of one adapter at rank 8: one 32 x 16 shrink tile over every slice's K, and
+    # one 64 x 128 expand tile per output block over the rank padded to the K block of 16.
+    shrink = 32 * 16 * grid.shrink_k_total
+    expand = 12288 * 64 * 128 * 16
+    assert lora_working_macs(grid, np.array([1.0]), 8) == shrink + expand
+    # Rank 32: two 16-wide rank blocks in the shrink, K of 32 in the expand; 40 tokens: two
+    # shrink token blocks of 32, one expand block of 64.
+    assert lora_working_macs(grid, np.array([40.0]), 32) == 2 * 2 * shrink + 2 * expand
+
+
+def lora_seconds(coeffs: CostCoeffs, num_step_tokens: int) -> float:
+    """LoRA seconds of a step where one token runs adapter 0 and the rest no adapter."""
+    ids = [0] + [-1] * (num_step_tokens - 1)
+    batch = create_step_batch([1] * num_step_tokens, [50] * num_step_tokens,
+                              num_layers=LLAMA.num_layers, adapter_ids=ids)
+    return predict_step(coeffs, lora_profile(8), batch).lora_s
+
+
+def test_work_term_follows_the_shrink_programs_work_not_their_count():
+    # At 128 tokens vLLM 0.8.5 splits the shrink's K 8 ways instead of 64: an adapter's shrink
+    # launches 8 times fewer programs, each with 8 times the work.
+    per_program = CostCoeffs(lora_working_program_s=1e-8)
+    drop = lora_seconds(per_program, 127) - lora_seconds(per_program, 128)
+    assert drop == pytest.approx((64 - 8) * 224 * 1e-8, rel=1e-9)
+    per_mac = CostCoeffs(lora_working_mac_s=1e-16)
+    assert lora_seconds(per_mac, 127) == pytest.approx(lora_seconds(per_mac, 128), rel=1e-12)
+    assert lora_seconds(per_mac, 127) - lora_seconds(CostCoeffs(), 127) == pytest.approx(
+        1e-16 * lora_working_macs(lora_profile(8).lora_grid, np.array([1.0]), 8), rel=1e-9)
