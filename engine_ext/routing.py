@@ -118,16 +118,23 @@ class PointerHead(nn.Module):
 class ContextualHead(nn.Module):
     """q/k scoring head: pooled query H19 [B, D] vs pooled option H19 [B, O, D] -> [B, O]."""
 
-    def __init__(self, d_model: int, d_head: int = 64, d_option: int | None = None) -> None:
+    def __init__(self, d_model: int, d_head: int = 64, d_option: int | None = None,
+                 num_options: int | None = None) -> None:
         """d_option: width of the option states when it differs from the query's (a query
         read through a feature set, several layers side by side); each side then has its
-        own standardisation."""
+        own standardisation. num_options: add a query-only term, a linear map of the
+        standardised query to one logit per option (zero at the start), beside the q/k
+        score; the head is then tied to that option set in that order."""
         super().__init__()
         self.feature_scale = FeatureScale(d_model)
         self.option_scale = None if d_option is None else FeatureScale(d_option)
         self.q = nn.Linear(d_model, d_head)
         self.k = nn.Linear(d_model if d_option is None else d_option, d_head)
         self.scale = d_head**-0.5
+        self.query_logits = None if num_options is None else nn.Linear(d_model, num_options)
+        if self.query_logits is not None:
+            nn.init.zeros_(self.query_logits.weight)
+            nn.init.zeros_(self.query_logits.bias)
 
     def fit_scales(self, queries: torch.Tensor, options: torch.Tensor) -> None:
         """Standardisation statistics from training states: queries [N, D], options
@@ -139,9 +146,11 @@ class ContextualHead(nn.Module):
             self.option_scale.fit(options)
 
     def forward(self, query: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
-        q = self.q(self.feature_scale(query))  # [B, d_head]
+        x = self.feature_scale(query)
+        q = self.q(x)  # [B, d_head]
         k = self.k((self.option_scale or self.feature_scale)(options))  # [B, O, d_head]
-        return torch.einsum("bd,bod->bo", q, k) * self.scale
+        logits = torch.einsum("bd,bod->bo", q, k) * self.scale  # [B, O]
+        return logits if self.query_logits is None else logits + self.query_logits(x)
 
 
 def pad_token_lists(token_lists: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, ...]:

@@ -66,9 +66,11 @@ def cached_contextual_states(state_fn: StateFn, queries: list[list[int]],
 
 def train_contextual(head: ContextualHead, queries: torch.Tensor, options: torch.Tensor,
                      labels: torch.Tensor, *, steps: int, batch: int = 64, lr: float = 2e-3,
-                     seed: int = 0, weight_decay: float = 0.01) -> list[float]:
+                     seed: int = 0, weight_decay: float = 0.01, check_every: int = 0,
+                     on_check: Callable[[int], None] | None = None) -> list[float]:
     """AdamW on cross-entropy over the options (after fitting the feature standardisation on
-    the training states); returns the losses."""
+    the training states); returns the losses. `on_check(step)` is called, the head in eval
+    mode, every `check_every` steps (a validation curve)."""
     head.fit_scales(queries, options)
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
@@ -84,6 +86,10 @@ def train_contextual(head: ContextualHead, queries: torch.Tensor, options: torch
         opt.step()
         sched.step()
         losses.append(loss.item())
+        if on_check is not None and check_every and (step + 1) % check_every == 0:
+            head.eval()
+            on_check(step + 1)
+            head.train()
     head.eval()
     return losses
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -79,6 +80,7 @@ def cached_pass_features(engine, queries: list[list[int]], options: list[list[in
     """`pass_features`, in chunks of CHUNK queries read from / written to `folder`."""
     parts = []
     for start in range(0, len(queries), CHUNK):
+        began = time.perf_counter()
         chunk = queries[start : start + CHUNK]
         key = _digest(stamp, spec, options, chunk)
         path = None if folder is None else folder / f"ctxf_{key}.pt"
@@ -91,7 +93,8 @@ def cached_pass_features(engine, queries: list[list[int]], options: list[list[in
             tmp = path.with_suffix(f".{os.getpid()}.tmp")  # processes may write the same chunk
             torch.save(parts[-1], tmp)
             tmp.replace(path)
-        log(f"contextual features: {start + len(chunk)}/{len(queries)} queries", flush=True)
+        log(f"contextual features: {start + len(chunk)}/{len(queries)} queries "
+            f"({time.perf_counter() - began:.0f}s this chunk)", flush=True)
     return torch.cat([q for q, _ in parts]), torch.cat([o for _, o in parts])
 
 
@@ -124,3 +127,39 @@ def option_pass(engine, cache: DecoderCache, options: list[list[int]], layer: in
     h = engine._run_layers(engine.hf.model.embed_tokens(tokens), branch, 0, layer + 1,
                            torch.arange(p0, p0 + len(seq)))  # [B, T_options, D]
     return torch.stack([h[:, a:z].mean(1) for a, z in spans[1:]], dim=1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Fill the pass cache of settings without training (a long pass run in the background
+    on its own; the training run then reads every chunk from the cache)."""
+    import argparse
+
+    from engine_ext.data import default_text_dir
+    from engine_ext.routers.layer_cache import FeatureSpec
+    from engine_ext.routers.run_contextual import FEATURE_CACHE, STAMP
+    from engine_ext.routers.settings import load_settings, short_names
+    from engine_ext.routers.states import load_route_engine, turn_ids
+
+    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    parser.add_argument("--settings", nargs="+", required=True)
+    parser.add_argument("--feature-layers", type=int, nargs="+", required=True)
+    parser.add_argument("--feature-poolings", nargs="+", default=["mean"])
+    parser.add_argument("--train-per-class", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cache", type=Path, default=FEATURE_CACHE)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    sets = load_settings(default_text_dir(), args.train_per_class)
+    spec = FeatureSpec(tuple(args.feature_layers), tuple(args.feature_poolings))
+    engine, tokenizer = load_route_engine()
+    for name in args.settings:
+        options = [turn_ids(tokenizer, " " + n) for n in short_names(sets[name])]
+        print(f"{name}: {len(options)} options, {sum(len(o) for o in options)} option tokens "
+              f"per query", flush=True)
+        for split in (sets[name].train, sets[name].test):
+            cached_pass_features(engine, [turn_ids(tokenizer, t) for t in split.texts],
+                                 options, spec, args.cache, STAMP)
+
+
+if __name__ == "__main__":
+    main()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from itertools import product
 from pathlib import Path
 
 import torch
@@ -82,15 +83,18 @@ def contextual_setting(backbone: Backbone, routing_set: RoutingSet, seeds: list[
     return setting_result(routing_set, len(test_texts), accs, seconds, decision, work)
 
 
-FEATURE_GRID = {"epochs": (3, 10), "weight_decay": (0.01, 0.3, 3.0)}
-"""Training lengths (epochs of 64-query batches) and AdamW weight decays tried for the
-feature-set head; seed 0 on the training split less its validation carve chooses one. AdamW's
-decay is decoupled (weights shrink by lr x decay per step): 0.01 is next to none over a few
-thousand steps at lr 2e-3, 3.0 a strong pull towards zero on 6,912 query features."""
+FEATURE_GRID = {"epochs": (3, 10), "weight_decay": (0.01, 0.3, 3.0), "query_term": (False,)}
+"""Training lengths (epochs of 64-query batches), AdamW weight decays and whether the head has
+a query-only term (`ContextualHead(num_options=...)`) tried for the feature-set head; seed 0 on
+the training split less its validation carve chooses one. AdamW's decay is decoupled (weights
+shrink by lr x decay per step): 0.01 is next to none over a few thousand steps at lr 2e-3, 3.0
+a strong pull towards zero on 6,912 query features."""
 VAL_FRACTION = 0.1
 """Share of the training split carved out (seeded) to choose the length and weight decay; the
 heads then train on the whole training split."""
 BATCH = 64
+CHECKS_PER_EPOCH = 1
+"""Validation accuracy checks per epoch of each candidate (its curve, in the log and card)."""
 
 
 def carve(num: int, fraction: float = VAL_FRACTION) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,34 +106,44 @@ def carve(num: int, fraction: float = VAL_FRACTION) -> tuple[torch.Tensor, torch
     return perm[cut:].sort().values, perm[:cut].sort().values
 
 
-def _feature_head(tq, to, ty, seed: int, epochs: int, weight_decay: float) -> ContextualHead:
+def _feature_head(tq, to, ty, seed: int, epochs: int, weight_decay: float,
+                  query_term: bool = False, on_check=None) -> ContextualHead:
+    """One head trained on (tq, to, ty); `on_check(head)` every epoch's worth of steps."""
     torch.manual_seed(seed)
-    head = ContextualHead(tq.shape[1], D_HEAD, d_option=to.shape[2])
+    head = ContextualHead(tq.shape[1], D_HEAD, d_option=to.shape[2],
+                          num_options=to.shape[1] if query_term else None)
     steps = max(1, round(epochs * len(ty) / BATCH))
     train_contextual(head, tq, to, ty, steps=steps, batch=BATCH, seed=seed,
-                     weight_decay=weight_decay)
+                     weight_decay=weight_decay,
+                     check_every=max(1, round(len(ty) / BATCH / CHECKS_PER_EPOCH)),
+                     on_check=None if on_check is None else lambda step: on_check(head))
     return head
 
 
-def choose_feature_training(tq, to, ty, grid: dict = FEATURE_GRID) -> tuple[dict, dict]:
-    """(epochs, weight decay) with the best validation accuracy of seed 0 trained on the rest
-    of the training split (ties: fewer epochs, then more decay); the test split is not read."""
+def choose_feature_training(tq, to, ty, grid: dict = FEATURE_GRID) -> tuple[dict, dict, dict]:
+    """(epochs, weight decay, query term) with the best validation accuracy of seed 0 trained
+    on the rest of the training split (ties: fewer epochs, more decay, no query term); the
+    test split is not read. Returns the choice, each candidate's final validation accuracy and
+    its curve (the validation accuracy every epoch's worth of steps, rounded)."""
     fit, val = carve(len(ty))
-    found = {}
-    for epochs in grid["epochs"]:
-        for decay in grid["weight_decay"]:
-            head = _feature_head(tq[fit], to[fit], ty[fit], 0, epochs, decay)
-            found[(epochs, decay)] = contextual_accuracy(head, tq[val], to[val], ty[val])
-    best = max(found, key=lambda k: (found[k], -k[0], k[1]))
-    return {"epochs": best[0], "weight_decay": best[1], "num_val": len(val)}, found
+    found, curves = {}, {}
+    for key in product(grid["epochs"], grid["weight_decay"], grid.get("query_term", (False,))):
+        curve = curves.setdefault(key, [])
+        head = _feature_head(tq[fit], to[fit], ty[fit], 0, *key, on_check=lambda h, c=curve:
+                             c.append(round(contextual_accuracy(h, tq[val], to[val], ty[val]),
+                                            4)))
+        found[key] = contextual_accuracy(head, tq[val], to[val], ty[val])
+    best = max(found, key=lambda k: (found[k], -k[0], k[1], not k[2]))
+    return ({"epochs": best[0], "weight_decay": best[1], "query_term": best[2],
+             "num_val": len(val)}, found, curves)
 
 
 def contextual_feature_setting(engine, tokenize, routing_set: RoutingSet, seeds: list[int],
                                spec, cache_dir, *, stamp: str, is_timed: bool = False,
                                grid: dict = FEATURE_GRID) -> tuple[SettingResult, list, dict]:
     """Contextual MoL over a feature set (`contextual_features`) on the whole training split:
-    length and weight decay chosen on a validation carve, then one head per seed on the whole
-    split, tested on the whole test split; the decision timed on seed 0's head when
+    length, weight decay and query term chosen on a validation carve, then one head per seed on
+    the whole split, tested on the whole test split; the decision timed on seed 0's head when
     `is_timed`. Returns the row, the heads and the choice."""
     from engine_ext.routers.contextual_features import cached_pass_features
 
@@ -143,15 +157,17 @@ def contextual_feature_setting(engine, tokenize, routing_set: RoutingSet, seeds:
     print(f"contextual {spec.label} {routing_set.name}: states of {len(tq)} + {len(eq)} "
           f"queries in {time.perf_counter() - start:.0f}s", flush=True)
     ty, ey = torch.tensor(routing_set.train.labels), torch.tensor(routing_set.test.labels)
-    choice, val = choose_feature_training(tq, to, ty, grid)
+    choice, val, curves = choose_feature_training(tq, to, ty, grid)
     heads, accs, seconds = [], [], []
     for seed in seeds:
         start = time.perf_counter()
-        heads.append(_feature_head(tq, to, ty, seed, choice["epochs"], choice["weight_decay"]))
+        heads.append(_feature_head(tq, to, ty, seed, choice["epochs"], choice["weight_decay"],
+                                   choice["query_term"]))
         seconds.append(time.perf_counter() - start)
         accs.append(contextual_accuracy(heads[-1], eq, eo, ey))
-    print(f"contextual {spec.label} {routing_set.name}: validation {val}, chose {choice}; test "
-          f"accuracy per seed {[round(a, 4) for a in accs]}", flush=True)
+    print(f"contextual {spec.label} {routing_set.name}: validation {val}, curves {curves}, "
+          f"chose {choice}; test accuracy per seed {[round(a, 4) for a in accs]}", flush=True)
+    choice = choice | {"validation": val, "curves": curves}
     decision = time_feature_decisions(engine, heads[0], spec, routing_set, tokenize) \
         if is_timed else None
     work = DecisionWork(num_prefill_tokens=sum(len(o) for o in options), num_decode_tokens=0,
@@ -199,6 +215,8 @@ def head_file(heads_dir: Path, card_name: str, setting: str) -> Path:
 
 FEATURE_CACHE = Path(".cache/engine_ext/routers/contextual_features")
 """The feature-set pass's states (chunks) and, under heads/, the seed-0 heads."""
+STAMP = "smollm2-135m-instruct"
+"""The model's part of the pass cache's keys."""
 
 
 def run_feature_card(args, sets, engine, tokenize, write_card,
@@ -216,7 +234,7 @@ def run_feature_card(args, sets, engine, tokenize, write_card,
     for setting in args.settings:
         row, heads, choice = contextual_feature_setting(
             engine, tokenize, sets[setting], args.seeds, spec, cache_dir,
-            stamp="smollm2-135m-instruct", is_timed=not args.untimed, grid=grid)
+            stamp=STAMP, is_timed=not args.untimed, grid=grid)
         path = head_file(cache_dir / "heads", name, setting)
         path.parent.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in heads[0].state_dict().items()}, str(path))
@@ -224,14 +242,18 @@ def run_feature_card(args, sets, engine, tokenize, write_card,
         num = len(sets[setting].train)
         steps = max(1, round(choice["epochs"] * num / BATCH))
         how.append(f"{setting} {num} training queries, {steps} steps of {BATCH} "
-                   f"({choice['epochs']} epochs), weight decay {choice['weight_decay']}")
+                   f"({choice['epochs']} epochs), weight decay {choice['weight_decay']}"
+                   + (", query-only term" if choice["query_term"] else "")
+                   + f" ({candidates_text(choice)})")
     write_card(name, "contextual_mol", "smollm2-135m", spec.route_layer,
                rows[0].work.num_head_params, args, rows,
                f"q/k head d_head {D_HEAD}; query: the feature set {spec.label} (pooled states of "
                "those layers side by side, L-1 the token embeddings), standardised per feature; "
                f"options: each option name's mean layer-{spec.route_layer} state read after the "
                "query (one pass of every option name over the turn's KV); AdamW lr 2e-3 "
-               f"one-cycle; length and weight decay chosen among {grid} by seed 0's "
+               f"one-cycle; length, weight decay and query-only term (a linear map of the "
+               "standardised query features to one logit per option, added to the q/k score) "
+               f"chosen among {grid} by seed 0's "
                f"accuracy on a seeded {VAL_FRACTION:.0%} validation carve of the training split "
                "(the test split is not read), then trained on the whole training split: "
                + "; ".join(how)
@@ -239,6 +261,17 @@ def run_feature_card(args, sets, engine, tokenize, write_card,
                   "python -m engine_ext.routers.run_contextual --time-card CARD)"
                   if args.untimed else ""),
                [sets[n] for n in args.settings])
+
+
+def candidates_text(choice: dict) -> str:
+    """Each candidate's validation accuracy and curve (a check every epoch's worth of steps,
+    rounded), in percent."""
+    def pct(x: float) -> str:
+        return f"{100 * x:.1f}"
+
+    return f"validation on {choice['num_val']} carved rows, (epochs, decay, query term): " + \
+        "; ".join(f"{key} {pct(acc)}% [{' '.join(pct(x) for x in choice['curves'][key])}]"
+                  for key, acc in choice["validation"].items())
 
 
 def time_card(card_path: Path, heads_dir: Path, engine, tokenize, sets: dict) -> None:
@@ -256,7 +289,9 @@ def time_card(card_path: Path, heads_dir: Path, engine, tokenize, sets: dict) ->
     for row in card.settings:
         state = load_file(str(head_file(heads_dir, card.name, row.setting)))
         head = ContextualHead(state["q.weight"].shape[1], D_HEAD,
-                              d_option=state["k.weight"].shape[1])
+                              d_option=state["k.weight"].shape[1],
+                              num_options=state["query_logits.weight"].shape[0]
+                              if "query_logits.weight" in state else None)
         head.load_state_dict(state)
         head.eval()
         decision = time_feature_decisions(engine, head, spec, sets[row.setting], tokenize)

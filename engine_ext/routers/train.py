@@ -217,6 +217,8 @@ def run_contextual(args, sets, backbone, card_name: str, router_key: str,
         grid = dict(c.FEATURE_GRID)
         grid.update({k: tuple(v) for k, v in (("epochs", args.contextual_epochs),
                                               ("weight_decay", args.contextual_decays)) if v})
+        if getattr(args, "contextual_query_term", None):
+            grid["query_term"] = tuple(t == "yes" for t in args.contextual_query_term)
         c.run_feature_card(args, sets, engine, backbone.tokenize, _card, grid=grid)
         return
     rows = [c.contextual_setting(backbone, sets[n], args.seeds)
@@ -337,6 +339,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--contextual-decays", type=float, nargs="+", default=None,
                         help="Contextual MoL over a feature set: the AdamW weight decays the "
                              "validation carve chooses among (default run_contextual's)")
+    parser.add_argument("--contextual-query-term", nargs="+", choices=("no", "yes"),
+                        default=None, help="Contextual MoL over a feature set: heads without "
+                        "and/or with a query-only term beside the q/k score, chosen on the "
+                        "validation carve (default: without)")
     parser.add_argument("--untimed", action="store_true",
                         help="MoL2, Contextual MoL over a feature set: do not time "
                              "decisions (a loaded machine); the card's "

@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+import pytest
 import torch
 from engine_helpers import tiny_llama
 
 from engine_ext.decoder_only import DecoderOnlyEngine
+from engine_ext.routers.contextual import train_contextual
 from engine_ext.routers.contextual_features import (
     cached_pass_features,
     option_pass,
@@ -76,19 +78,45 @@ def test_a_head_with_its_own_option_width_scales_each_side_and_an_equal_width_on
     assert wide(queries, options).shape == (20, 4)
 
 
-def _args(tmp_path, settings, untimed: bool):
+def test_the_query_only_term_starts_at_zero_and_adds_a_logit_per_option_to_the_qk_score():
+    torch.manual_seed(0)
+    plain = ContextualHead(48, 8, d_option=16)
+    torch.manual_seed(0)
+    with_term = ContextualHead(48, 8, d_option=16, num_options=4)
+    queries, options = torch.randn(20, 48), torch.randn(20, 4, 16)
+    for head in (plain, with_term):
+        head.fit_scales(queries, options)
+    assert plain.query_logits is None and "query_logits.weight" not in plain.state_dict()
+    assert torch.equal(plain(queries, options), with_term(queries, options))  # zero at start
+    torch.nn.init.normal_(with_term.query_logits.weight)
+    added = with_term(queries, options) - plain(queries, options)  # [20, 4]
+    expected = with_term.query_logits(with_term.feature_scale(queries))
+    assert torch.allclose(added, expected, atol=1e-5) and added.abs().max() > 0.1
+
+
+def test_training_calls_the_check_hook_every_n_steps_in_eval_mode():
+    head = ContextualHead(48, 8, d_option=16, num_options=4)
+    queries, options = torch.randn(40, 48), torch.randn(40, 4, 16)
+    seen = []
+    train_contextual(head, queries, options, torch.arange(40) % 4, steps=7, batch=8,
+                     check_every=3, on_check=lambda step: seen.append((step, head.training)))
+    assert seen == [(3, False), (6, False)] and not head.training
+
+
+def _args(tmp_path, settings, untimed: bool, query_term=("no",)):
     from engine_ext.routers.measure import hardware
 
     return argparse.Namespace(
         settings=settings, seeds=[0, 1], untimed=untimed, cards=tmp_path / "cards",
         feature_layers=list(SPEC.layers), feature_poolings=list(SPEC.poolings),
-        contextual_epochs=[2, 8], contextual_decays=[0.5],
+        contextual_epochs=[2, 8], contextual_decays=[0.5], contextual_query_term=list(query_term),
         command="python -m engine_ext.routers.train --routers contextual_smollm2",
         keep_timings=False, hardware=hardware())
 
 
+@pytest.mark.parametrize("query_term", [("no",), ("yes",)])
 def test_the_feature_card_trains_on_the_whole_split_and_the_timing_only_run_fills_it(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, query_term):
     from engine_ext.routers import run_contextual as c
     from engine_ext.routers.backbones import Backbone
     from engine_ext.routers.train import run_contextual
@@ -100,15 +128,24 @@ def test_the_feature_card_trains_on_the_whole_split_and_the_timing_only_run_fill
                         tmp_path / "pooled")
     monkeypatch.setattr(c, "FEATURE_CACHE", tmp_path / "ctx")
     with torch.enable_grad():  # train's entry point with --feature-layers and a grid
-        run_contextual(_args(tmp_path, ["domains4"], True), {"domains4": domains}, backbone,
+        run_contextual(_args(tmp_path, ["domains4"], True, query_term), {"domains4": domains},
+                       backbone,
                        "contextual-smollm2", "contextual_smollm2", engine)
     path = tmp_path / "cards" / "contextual-smollm2-l2-x3-mean-max.json"
     card = load_router_card(path)
     [row] = card.settings
     assert card.routing_layer == 2 and row.decision is None and row.num_test == 80
     assert "domains4 160 training queries" in card.training and "pending" in card.training
-    assert "{'epochs': (2, 8), 'weight_decay': (0.5,)}" in card.training
+    is_term = query_term == ("yes",)
+    assert f"{{'epochs': (2, 8), 'weight_decay': (0.5,), 'query_term': ({is_term},)}}" \
+        in card.training
     assert "weight decay 0.5" in card.training
+    assert (", query-only term (validation" in card.training) == is_term
+    # every candidate's validation accuracy and its curve: 144 fit rows (160 less the carve),
+    # a check every round(144 / 64) = 2 steps, 18 steps in 8 epochs
+    assert f"(2, 0.5, {is_term}) " in card.training and f"(8, 0.5, {is_term}) " in card.training
+    curve = card.training.split(f"(8, 0.5, {is_term}) ")[1].split("[")[1].split("]")[0]
+    assert len(curve.split()) == 9
     assert row.work.num_prefill_tokens == sum(len(_tokenize(" " + n)) for n in
                                               ("chat", "code", "legal", "prose"))
     assert row.accuracy_mean > 0.4  # chance 0.25
