@@ -2,6 +2,7 @@
 each measured hour set against the replay's, run by run.
 
     python -m calibrate.gpu_errors [--every 20] [--window-s 180]
+    python -m calibrate.gpu_errors --mixed-steps   # measured step vs its price, every run
 
 Measured: `data/gpu/agullo-dt/engine_metrics.csv` (vLLM's Prometheus gauges, polled every 2 s
 by the benchmark client for the whole hour; `data/gpu/cut_agullo_engine_metrics.py`): median
@@ -15,34 +16,22 @@ tokens of a running sequence: the TPOT a run's batch and rate imply (Little's la
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 from pathlib import Path
 
 import numpy as np
 
 from calibrate.gpu_runs import WARMUP_S, WINDOW_S, ServingRun, load_serving_runs, replay_run
-from calibrate.gpu_samples import DATA_DIR, RUNS_SUMMARY
+from calibrate.gpu_samples import DATA_DIR, RUNS_SUMMARY, expected_distinct
+from calibrate.gpu_work_fit import (
+    ENGINE_METRICS,
+    load_engine_metrics,
+    measured_state,
+    mixed_step_rows,
+)
 
-ENGINE_METRICS = "engine_metrics.csv"
 STATE = ("running", "waiting", "kv_usage", "generated_tokens_per_s", "preemptions_per_s",
          "token_interval_ms")
-
-
-def load_engine_metrics(path: Path) -> dict[str, dict[str, float]]:
-    """Run id -> its measured engine-state row (floats)."""
-    with open(path, newline="", encoding="utf-8") as fh:
-        return {row.pop("run_id"): {k: float(v) for k, v in row.items()}
-                for row in csv.DictReader(fh)}
-
-
-def measured_state(row: dict[str, float], run: ServingRun) -> dict[str, float]:
-    """The measured row of `run` in `STATE`'s terms."""
-    tokens = run.measured["throughput_rps"] * run.mean_output_tokens
-    return dict(running=row["running_median"], waiting=row["waiting_median"],
-                kv_usage=row["kv_usage_median"], generated_tokens_per_s=tokens,
-                preemptions_per_s=row["preemptions_per_s"],
-                token_interval_ms=1e3 * row["running_median"] / tokens if tokens else None)
 
 
 def replay_state(run: ServingRun, coeffs, *, window_s: float = WINDOW_S,
@@ -73,7 +62,6 @@ def priced_decode_step_ms(run: ServingRun, coeffs, batch: int) -> float:
     """The profile's price of one decode step of `batch` running sequences of the run, at the
     mean context of a request halfway through its reply, over as many distinct adapters as
     `batch` uniform draws from the run's adapters hit, at most `max_loras`."""
-    from calibrate.gpu_validate import expected_distinct
     from sim.cost.cost_model import create_step_batch, predict_step
     from sim.cost.layer_costs import create_layer_costs
     from sim.hardware.catalogue import get_gpu, get_model
@@ -133,6 +121,26 @@ def first_request_rows(validation: dict, root: Path = DATA_DIR) -> list[dict]:
     return rows
 
 
+STEP_TOKEN_BANDS = (0, 128, 256, 384, 512, 768, 1024, 1536, 2048)
+"""Bands of the mean measured step's tokens (CUDA graphs are captured up to 512 tokens)."""
+
+
+def mixed_step_table(rows: list[dict]) -> list[dict]:
+    """`mixed_step_rows` by model, saturation and band of step tokens: runs and the median of
+    measured interval / priced step."""
+    out = []
+    for model in sorted({r["model"] for r in rows}):
+        for saturated in (False, True):
+            for lo, hi in zip(STEP_TOKEN_BANDS, STEP_TOKEN_BANDS[1:], strict=False):
+                ratios = [r["measured_interval_ms"] / r["priced_step_ms"] for r in rows
+                          if r["model"] == model and r["is_saturated"] == saturated
+                          and lo < r["step_tokens"] <= hi]
+                if ratios:
+                    out.append(dict(model=model, is_saturated=saturated, tokens=f"{lo}-{hi}",
+                                    num_runs=len(ratios), median_ratio=float(np.median(ratios))))
+    return out
+
+
 def main(argv=None) -> None:
     from calibrate.gpu_fit import PROFILE_NAME, PROFILES_DIR
     from sim.cost.profile import load_profile
@@ -145,8 +153,14 @@ def main(argv=None) -> None:
     parser.add_argument("--num-backlog", type=int, default=None,
                         help="requests queued ahead of the window (default: as predict_run)")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
+    parser.add_argument("--mixed-steps", action="store_true",
+                        help="every run's measured step against its price (no replay)")
     args = parser.parse_args(argv)
     coeffs = load_profile(PROFILES_DIR / f"{PROFILE_NAME}.yaml").coefficients
+    if args.mixed_steps:
+        for row in mixed_step_table(mixed_step_rows(coeffs)):
+            print(row)
+        return
     rows = state_rows(coeffs, args.every, args.window_s, offset=args.offset,
                       lengths=args.lengths, num_backlog=args.num_backlog)
     for r in rows:

@@ -9,10 +9,12 @@ GPU kinds that have no measurements of their own (`calibrate.gpu_scaled`).
 The fit is the step-level fit of `calibrate.fitter` over `calibrate.gpu_samples`: base-model
 decode and prefill steps and LoRA-engine steps (memory probes over max_loras and rank, the
 distinct-adapter sweep) of Llama-3.1-8B fit the roofline efficiencies, the fixed costs and the
-LoRA kernel-grid terms together. Held out, never fitted: the distinct-adapter runs at 64, 96,
-160 and 192 adapters, the client's batch-1 warm-up steps, and every Qwen2.5-7B sample (the
-same coefficients priced on another model's shapes). Adapter activation times (host memory
-to a device slot) fit the slot-load terms.
+LoRA kernel-grid terms together. The work term of the kernels' computing programs
+(`lora_working_mac_s`), which these steps cannot tell from their count, stays 0 here;
+`calibrate.gpu_work_fit` fits it on light serving runs (not shipped). Held out, never fitted: the
+distinct-adapter runs at 64, 96, 160 and 192 adapters, the client's batch-1 warm-up steps, and
+every Qwen2.5-7B sample (the same coefficients priced on another model's shapes). Adapter
+activation times (host memory to a device slot) fit the slot-load terms.
 """
 
 from __future__ import annotations
@@ -165,6 +167,20 @@ def fit_h100_64gb(root: Path = DATA_DIR) -> tuple[FitResult, dict, AgulloSamples
                        stderr=result.stderr, errors=errors, term_shares=result.term_shares,
                        num_iterations=result.num_iterations)
     return result, load_summary, samples
+
+
+def step_refit(root: Path = DATA_DIR):
+    """mac -> this module's step fit (the fitted coefficients) with `lora_working_mac_s` held
+    at mac."""
+    samples = load_agullo_samples(root)
+    train, test = split_samples(samples)
+    profiles = group_profiles({s.group for s in train + test}, get_gpu(GPU_KIND))
+
+    def refit(mac: float) -> CostCoeffs:
+        return fit(train, BASE_TERMS + LORA_GRID_TERMS, profiles,
+                   start=START.model_copy(update=dict(lora_working_mac_s=mac))).coeffs
+
+    return refit
 
 
 def create_h100_64gb_profile(root: Path = DATA_DIR):

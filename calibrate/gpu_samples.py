@@ -205,3 +205,8 @@ def api_path_s(root: Path = DATA_DIR) -> float:
             ttft = _num(path, line, row, "mean_ttft_ms")
             gaps.append((ttft - _num(path, line, row, "mean_tpot_ms")) / 1e3)
     return statistics.median(gaps)
+
+
+def expected_distinct(num_adapters: int, batch: int) -> float:
+    """Distinct adapters among `batch` requests drawn uniformly from `num_adapters`."""
+    return num_adapters * (1 - (1 - 1 / num_adapters) ** batch)

@@ -49,7 +49,7 @@ from calibrate.gpu_runs import (
     load_serving_runs,
     predict_run,
 )
-from calibrate.gpu_samples import DATA_DIR, RUNS_SUMMARY, load_agullo_samples
+from calibrate.gpu_samples import DATA_DIR, RUNS_SUMMARY, expected_distinct, load_agullo_samples
 from sim.cost.cost_model import create_step_batch, predict_step
 from sim.cost.layer_costs import create_layer_costs
 from sim.hardware.catalogue import get_gpu, get_model
@@ -57,11 +57,6 @@ from sim.hardware.catalogue import get_gpu, get_model
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 GOALS = dict(throughput_rps=0.05, tpot_p50_s=0.10, tpot_p99_s=0.10, ttft_p50_s=0.20,
              ttft_p99_s=0.20)
-
-
-def expected_distinct(num_adapters: int, batch: int) -> float:
-    """Distinct adapters among `batch` requests drawn uniformly from `num_adapters`."""
-    return num_adapters * (1 - (1 - 1 / num_adapters) ** batch)
 
 
 def curve_rows(coeffs, root: Path = DATA_DIR) -> list[dict]:
