@@ -45,17 +45,20 @@ def create_head(d_model: int, seed: int, d_query: int | None = None, **shape) ->
 def train_pointer(head: PointerHead, tasks: list[PointerTask], *, steps: int, batch: int = 64,
                   lr: float = 2e-3, seed: int = 0, fit_scale: bool = True,
                   weight_decay: float = 0.01, query_dropout: float = 0.0,
-                  on_step: Callable[[int], bool] | None = None) -> list[float]:
+                  on_step: Callable[[int], bool] | None = None,
+                  query_only: bool = False) -> list[float]:
     """Adam on cross-entropy over each task's options, tasks taken in turn; returns the losses.
 
     fit_scale: first fit the query standardisation on these tasks' queries (a later stage of
     staged training keeps the statistics of the first). query_dropout: share of the
     standardised query features zeroed per training example (a dropped feature reads as its
-    training mean). on_step(steps done) after every step; True stops the training there."""
+    training mean). on_step(steps done) after every step; True stops the training there.
+    query_only: only the query projection trains (a head written from a fitted map)."""
     if fit_scale:
         head.query_scale.fit(torch.cat([t.queries for t in tasks]))
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
+    params = head.query_proj.parameters() if query_only else head.parameters()
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
     orders = [torch.randperm(len(t.queries), generator=gen) for t in tasks]
     cursors = [0] * len(tasks)
@@ -118,10 +121,13 @@ class TrainedHead:
 
 
 def fit_head(head: PointerHead, train: PointerTask, val: PointerTask | None,
-             how: HeadTraining, seed: int) -> TrainedHead:
+             how: HeadTraining, seed: int, from_map: bool = False) -> TrainedHead:
     """Train `head` as `how` says; with `val` and eval_every, keep the state of the best
     validation accuracy (ties: the earlier) and stop after `patience` checks without a gain.
-    The test split is never seen here."""
+    from_map: a head written from a fitted linear map (mol2_init): its untrained state is
+    checked too, as step 0 (the training must beat it), and only its query projection trains
+    (the rest holds the map; Adam's steps of about lr per weight on the option side and the
+    pointer would scramble it long before they refine it). The test split is never seen."""
     curve: list[tuple[int, float]] = []
     best: dict = {"acc": -1.0, "step": 0, "state": None, "since": 0}
 
@@ -138,9 +144,11 @@ def fit_head(head: PointerHead, train: PointerTask, val: PointerTask | None,
             best["since"] += 1
         return best["since"] >= how.patience
 
+    if from_map:
+        check(0)
     losses = train_pointer(head, [train], steps=how.max_steps, batch=how.batch, lr=how.lr,
                            seed=seed, weight_decay=how.weight_decay,
-                           query_dropout=how.query_dropout, on_step=check)
+                           query_dropout=how.query_dropout, on_step=check, query_only=from_map)
     if best["state"] is None:
         return TrainedHead(head, len(losses), -1.0, (), tuple(losses))
     head.load_state_dict(best["state"])

@@ -23,6 +23,7 @@ from engine_ext.routers.mol2 import (
     num_params,
     train_pointer,
 )
+from engine_ext.routers.mol2_init import choose_ridge, write_linear
 from engine_ext.routing import PointerHead, mean_pool
 from sim.strategies.router_card import DecisionWork, SettingResult
 
@@ -149,6 +150,18 @@ class HeadSearch:
     query_dropouts: tuple[float, ...] = (0.0,)
     patience: int = 4
     batch: int = BATCH
+    start_l2s: tuple[float, ...] = ()
+    """With values: every head starts as the ridge map of the training rows whose l2 (among
+    these) validation prefers (mol2_init), and its step 0 competes in the early stopping."""
+    start_lbfgs: int = 0
+    """L-BFGS iterations of logistic regression that refine the ridge start (0: none)."""
+    d_head: int | None = None
+    """The head's width (None: HEAD_SHAPE's); a start from a map needs more than the options."""
+
+    @property
+    def shape(self) -> dict[str, int]:
+        """The head's shape: HEAD_SHAPE, with d_head when given."""
+        return HEAD_SHAPE if self.d_head is None else {**HEAD_SHAPE, "d_head": self.d_head}
 
     def candidates(self) -> list[HeadTraining]:
         """Every combination, in the order given (ties go to the first)."""
@@ -166,22 +179,32 @@ def search_heads(backbone, tasks: dict[str, PointerTask], seeds: list[int], sear
     """Choose the training on seed 0's validation accuracy, then train every seed with it
     (early-stopped on validation); returns heads, seconds per seed and what the card records."""
     d_query = getattr(backbone, "d_query", backbone.d_model)
+    train = tasks["train"]
+    start_s = time.perf_counter()
+    start_map, start_text = (choose_ridge(train, tasks["val"], search.start_l2s,
+                                          search.start_lbfgs)
+                             if search.start_l2s else (None, ""))
+    start_s = time.perf_counter() - start_s  # every seed's head needs the map: counted in each
 
     def run(how: HeadTraining, seed: int) -> tuple[TrainedHead, float]:
         start = time.perf_counter()
-        head = create_head(backbone.d_model, seed, d_query, **HEAD_SHAPE)
-        done = fit_head(head, tasks["train"], tasks["val"], how, seed)
+        head = create_head(backbone.d_model, seed, d_query, **search.shape)
+        if start_map is not None:
+            head.query_scale.fit(train.queries)
+            write_linear(head, *start_map, train.option_embeds, train.option_mask,
+                         tasks["val"].queries, tasks["val"].labels)
+        done = fit_head(head, train, tasks["val"], how, seed, from_map=start_map is not None)
         print(f"  seed {seed} {how.label}: validation {_curve_text(done.curve)}; kept step "
               f"{done.best_step}", flush=True)
-        return done, time.perf_counter() - start
+        return done, time.perf_counter() - start + start_s
 
     tried = {how: run(how, seeds[0]) for how in search.candidates()}
     chosen = max(tried, key=lambda h: tried[h][0].best_val)  # max keeps the first of ties
     found = [tried[chosen] if seed == seeds[0] else run(chosen, seed) for seed in seeds]
     num_train = len(tasks["train"].labels)
     steps = [f.best_step for f, _ in found]
-    text = (f"validation {len(tasks['val'].labels)} queries (never the test rows); candidates "
-            "(seed 0's best validation accuracy, step): "
+    text = (f"validation {len(tasks['val'].labels)} queries (never the test rows); "
+            f"{start_text}candidates (seed 0's best validation accuracy, step): "
             + ", ".join(f"{h.label} {100 * t.best_val:.1f}% @{t.best_step}"
                         for h, (t, _) in tried.items())
             + f"; chosen {chosen.label}; at most {search.max_steps} steps of {search.batch}, "
@@ -252,9 +275,11 @@ def load_head(backbone, path: Path) -> PointerHead:
     """A head saved by save_head, in float32, for this backbone's query width."""
     from safetensors.torch import load_file
 
+    state = {k: v.float() for k, v in load_file(str(path)).items()}
+    shape = {**HEAD_SHAPE, "d_head": state["query_proj.weight"].shape[0]}  # as it was trained
     head = create_head(backbone.d_model, 0, getattr(backbone, "d_query", backbone.d_model),
-                       **HEAD_SHAPE)
-    head.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()})
+                       **shape)
+    head.load_state_dict(state)
     return head.eval()
 
 

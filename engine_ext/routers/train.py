@@ -142,7 +142,8 @@ def run_mol2(args, sets, backbone, card_name: str, router_key: str) -> None:
             control, _ = m.train_seeds(backbone.d_model, [m.shuffled(tasks["train"], 1)],
                                        args.seeds[:1])
             m.save_head(control[0], args.heads / f"mol2_smollm2_{name}_shuffled.safetensors")
-    common = (f"pointer head {m.HEAD_SHAPE}, query standardised per feature, "
+    common = (f"pointer head {search.shape if search else m.HEAD_SHAPE}, query standardised "
+              "per feature, "
               + ("AdamW one-cycle" if search else "AdamW lr 2e-3 one-cycle")
               + f", batches of {search.batch if search else m.BATCH} "
               + tm.query_text(backbone) + ", ")

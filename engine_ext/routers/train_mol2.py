@@ -53,6 +53,17 @@ def add_head_options(parser: argparse.ArgumentParser, cache_dir: Path) -> None:
                         help="share of the standardised query features dropped in training")
     parser.add_argument("--mol2-batch", type=int, default=64,
                         help="with --mol2-early-stop: queries per training step")
+    parser.add_argument("--mol2-start-l2", type=float, nargs="+", default=[],
+                        help="with --mol2-early-stop: start every head as the ridge map of the "
+                             "training rows (mol2_init), its l2 chosen among these on "
+                             "validation; needs --mol2-d-head above the number of options")
+    parser.add_argument("--mol2-start-lbfgs", type=int, default=0, metavar="ITERS",
+                        help="with --mol2-start-l2: refine the ridge start by ITERS L-BFGS "
+                             "iterations of logistic regression (kept unless validation "
+                             "prefers the ridge map)")
+    parser.add_argument("--mol2-d-head", type=int, default=None,
+                        help="with --mol2-early-stop: the head's width (default run_mol2's "
+                             "HEAD_SHAPE)")
     parser.add_argument("--mol2-patience", type=int, default=4,
                         help="with --mol2-early-stop: checks without a gain before stopping")
     parser.add_argument("--time-only", action="store_true",
@@ -70,6 +81,13 @@ def check_head_options(parser: argparse.ArgumentParser, args) -> None:
                      f"got {args.mol2_steps}")
     if args.mol2_early_stop < 0 or args.mol2_patience < 1 or args.mol2_batch < 1:
         parser.error("--mol2-early-stop must be >= 0, --mol2-patience and --mol2-batch >= 1")
+    if (args.mol2_start_l2 or args.mol2_d_head) and not args.mol2_early_stop:
+        parser.error("--mol2-start-l2 and --mol2-d-head need --mol2-early-stop (the search)")
+    if args.mol2_start_lbfgs and not args.mol2_start_l2:
+        parser.error("--mol2-start-lbfgs refines the start of --mol2-start-l2: give both")
+    if [v for v in args.mol2_start_l2 if v <= 0] or (args.mol2_d_head or 4) % 4:
+        parser.error(f"--mol2-start-l2 {args.mol2_start_l2} must be > 0 and --mol2-d-head "
+                     f"{args.mol2_d_head} a positive multiple of 4 (the head count)")
     bad = [p for p in args.mol2_dropout if not 0 <= p < 1]
     if bad:
         parser.error(f"--mol2-dropout {bad}: allowed 0 <= p < 1")
@@ -86,7 +104,8 @@ def head_search(args):
         return None
     return HeadSearch(args.mol2_steps[0], args.mol2_early_stop, tuple(args.mol2_lr),
                       tuple(args.mol2_weight_decay), tuple(args.mol2_dropout),
-                      args.mol2_patience, args.mol2_batch)
+                      args.mol2_patience, args.mol2_batch, tuple(args.mol2_start_l2),
+                      args.mol2_start_lbfgs, args.mol2_d_head)
 
 
 def retimed(card: RouterCard, rows: dict, how: dict[str, str], hardware: Hardware,
