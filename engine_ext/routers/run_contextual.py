@@ -231,6 +231,7 @@ def run_feature_card(args, sets, engine, tokenize, write_card,
     spec = FeatureSpec(tuple(args.feature_layers), tuple(args.feature_poolings))
     name, rows, how = feature_card_name(spec), [], []
     cache_dir = cache_dir or FEATURE_CACHE
+    args = kept_hardware(args, args.cards / f"{name}.json")
     for setting in args.settings:
         row, heads, choice = contextual_feature_setting(
             engine, tokenize, sets[setting], args.seeds, spec, cache_dir,
@@ -261,6 +262,23 @@ def run_feature_card(args, sets, engine, tokenize, write_card,
                   "python -m engine_ext.routers.run_contextual --time-card CARD)"
                   if args.untimed else ""),
                [sets[n] for n in args.settings])
+
+
+def kept_hardware(args, card_path: Path):
+    """args with the card's hardware when an untimed run leaves some of its timed rows in it
+    (their decision times stay with the machine that measured them)."""
+    from copy import copy
+
+    from sim.strategies.router_card import load_router_card
+
+    if not args.untimed or not card_path.exists():
+        return args
+    card = load_router_card(card_path)
+    if not any(r.decision is not None and r.setting not in args.settings for r in card.settings):
+        return args
+    args = copy(args)
+    args.hardware = card.hardware
+    return args
 
 
 def candidates_text(choice: dict) -> str:

@@ -6,6 +6,7 @@ the runner writes a card whose decision is pending until the timing-only run fil
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -154,6 +155,15 @@ def test_the_feature_card_trains_on_the_whole_split_and_the_timing_only_run_fill
     assert timed.settings[0].decision.num_requests == 30
     assert timed.settings[0].accuracy_per_seed == row.accuracy_per_seed
     assert "L-1,0,2 mean+max" in timed.settings[0].decision.includes
+    # an untimed run of another setting keeps the timed row's machine as the card's hardware
+    args = _args(tmp_path, ["clinc_domains10"], True, query_term)
+    args.hardware = args.hardware.model_copy(update={"load_average": (99.0, 99.0, 99.0)})
+    with torch.enable_grad():
+        run_contextual(args, {"clinc_domains10": replace(domains, name="clinc_domains10")},
+                       backbone, "contextual-smollm2", "contextual_smollm2", engine)
+    both = load_router_card(path)
+    assert [r.setting for r in both.settings] == ["domains4", "clinc_domains10"]
+    assert both.hardware == timed.hardware and both.settings[0].decision is not None
 
 
 def test_the_validation_carve_is_seeded_disjoint_and_a_tenth():
