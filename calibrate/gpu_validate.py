@@ -249,10 +249,10 @@ NOTES = """## What the errors say
   model now has the mechanism (`lora_working_mac_s`), but the step fit cannot separate it from
   the per-program cost (fitted steps 3.51% -> 3.52% MAPE, held-out 6.36% -> 6.39% over
   0-1.4e-13 s), so the shipped profile leaves it at 0. Fitted on the measured steps of 167
-  light runs outside this table (`calibrate.gpu_work_fit`: 6.8e-14 s), at 6e-14 s every 20th
-  run's TPOT p50 goes 23.3% -> 17.5% (unsaturated 18.4% -> 9.7%), TPOT p99 46.9% -> 44.0%,
-  but throughput 8.9% -> 10.3%, TTFT p50 17.0% -> 20.1%, TTFT p99 23.3% -> 29.7%: worse on
-  three of five, so not shipped (`docs/gpu-errors.md`, E).
+  light runs outside this table (`calibrate.gpu_work_fit`: 6.8e-14 s), every 20th run's
+  TPOT p50 goes 23.3% -> 16.8% (unsaturated 18.4% -> 8.4%), TPOT p99 46.9% -> 43.9%, but
+  throughput 8.9% -> 9.7%, TTFT p50 17.0% -> 18.7%, TTFT p99 23.3% -> 30.3%: worse on three
+  of five, so not shipped (`docs/gpu-errors.md`, E).
 * Why the serving runs miss, with the evidence: `docs/gpu-errors.md`. In short, the replay now
   copies what the runs' measurement adds outside the engine: vLLM 0.8.5's API server loads a
   tokenizer from an adapter's folder on that adapter's first request, on its event loop, and
