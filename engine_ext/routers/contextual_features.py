@@ -153,12 +153,20 @@ def main(argv: list[str] | None = None) -> None:
     spec = FeatureSpec(tuple(args.feature_layers), tuple(args.feature_poolings))
     engine, tokenizer = load_route_engine()
     for name in args.settings:
-        options = [turn_ids(tokenizer, " " + n) for n in short_names(sets[name])]
-        print(f"{name}: {len(options)} options, {sum(len(o) for o in options)} option tokens "
-              f"per query", flush=True)
-        for split in (sets[name].train, sets[name].test):
-            cached_pass_features(engine, [turn_ids(tokenizer, t) for t in split.texts],
-                                 options, spec, args.cache, STAMP)
+        fill_pass_cache(engine, lambda t: turn_ids(tokenizer, t), sets[name],
+                        short_names(sets[name]), spec, args.cache, STAMP)
+
+
+def fill_pass_cache(engine, tokenize, routing_set, names, spec: FeatureSpec, folder: Path,
+                    stamp: str, log=print) -> None:
+    """The pass over a setting's training and test queries, into `folder` (what the training
+    run then reads without running the model)."""
+    options = [tokenize(" " + n) for n in names]
+    log(f"{routing_set.name}: {len(options)} options, {sum(len(o) for o in options)} option "
+        "tokens per query", flush=True)
+    for split in (routing_set.train, routing_set.test):
+        cached_pass_features(engine, [tokenize(t) for t in split.texts], options, spec, folder,
+                             stamp, log=log)
 
 
 if __name__ == "__main__":

@@ -166,6 +166,22 @@ def test_the_feature_card_trains_on_the_whole_split_and_the_timing_only_run_fill
     assert both.hardware == timed.hardware and both.settings[0].decision is not None
 
 
+def test_the_pass_alone_fills_the_cache_the_training_then_reads_without_the_model(tmp_path):
+    from engine_ext.routers.contextual_features import fill_pass_cache
+
+    engine = _engine()
+    domains = domains4_set({"train": 6, "val": 2, "test": 3}, max_bytes=40_000)
+    names = ("chat", "code", "legal", "prose")
+    fill_pass_cache(engine, _tokenize, domains, names, SPEC, tmp_path / "ctx", "tiny",
+                    log=lambda *a, **k: None)
+    options = [_tokenize(" " + n) for n in names]
+    for split in (domains.train, domains.test):  # engine None: every chunk must be cached
+        q, o = cached_pass_features(None, [_tokenize(t) for t in split.texts], options, SPEC,
+                                    tmp_path / "ctx", "tiny", log=lambda *a, **k: None)
+        expected = pass_features(engine, [_tokenize(t) for t in split.texts], options, SPEC)
+        assert torch.equal(q, expected[0]) and torch.equal(o, expected[1])
+
+
 def test_the_validation_carve_is_seeded_disjoint_and_a_tenth():
     from engine_ext.routers.run_contextual import carve
 
