@@ -74,3 +74,12 @@ def test_cards_name_their_data_relative_to_the_data_dir_and_no_lock_is_left_in_t
         pass
     assert not list((tmp_path / "cards").iterdir())
     assert len(list((tmp_path / "locks").iterdir())) == 1
+
+
+def test_a_retrained_setting_drops_the_commands_that_made_only_its_old_rows():
+    old = _card({"domains4": 4, "banking77": 77}, "t", "t --settings banking77 --x 1; "
+                "t --settings domains4 banking77 --time-only; t --settings domains4")
+    merged = _merge(_card({"banking77": 77}, "u", "t --settings banking77 --y 2"), old)
+    # the domains4 + banking77 timing still timed a row that remains (domains4's): kept
+    assert merged.command == ("t --settings domains4 banking77 --time-only; "
+                              "t --settings domains4; t --settings banking77 --y 2")
