@@ -83,8 +83,10 @@ def _merge(card: RouterCard, old: RouterCard) -> RouterCard:
     kept = [s for s in old.settings if s.setting not in mine]
     rows = sorted([*card.settings, *kept], key=lambda s: ALL_SETTINGS.index(s.setting)
                   if s.setting in ALL_SETTINGS else len(ALL_SETTINGS))
+    # an old command whose settings this run all retrains made no row that remains
     commands = list(dict.fromkeys([*(c for c in old.command.split("; ")
-                                     if not _trained(c) <= mine), card.command]))
+                                     if not tm.trained_settings(c, ALL_SETTINGS) <= mine),
+                                    card.command]))
     how = {s.setting: text for s, text in zip(old.settings, _training_per_row(old), strict=True)}
     how.update({s.setting: text for s, text in zip(card.settings, _training_per_row(card),
                                                    strict=True)})
@@ -93,16 +95,6 @@ def _merge(card: RouterCard, old: RouterCard) -> RouterCard:
         "settings": tuple(rows), "command": "; ".join(commands), "regimes": old.regimes,
         "training": training,
         "data_sources": tuple(sorted({*old.data_sources, *card.data_sources}))})
-
-
-def _trained(command: str) -> set[str]:
-    """The settings a recorded command trains or times (every setting without --settings): an
-    old command whose settings this run all retrains made no row that remains."""
-    words = shlex.split(command)
-    if "--settings" not in words:
-        return set(ALL_SETTINGS)
-    rest = words[words.index("--settings") + 1:]
-    return set(next((rest[:i] for i, w in enumerate(rest) if w.startswith("--")), rest))
 
 
 def _grouped_training(rows, how: dict[str, str]) -> str:

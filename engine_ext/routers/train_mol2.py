@@ -12,6 +12,7 @@ pending; a quiet one times the saved seed-0 heads without training again.
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 from sim.strategies.router_card import Hardware, RouterCard, load_router_card
@@ -35,6 +36,15 @@ def recorded_args(argv: list[str]) -> list[str]:
         elif not arg.startswith(tuple(f"{o}=" for o in CACHE_OPTIONS)):
             out.append(arg)
     return out
+
+
+def trained_settings(command: str, every: tuple[str, ...]) -> set[str]:
+    """The settings a recorded command trains or times (`every` without --settings)."""
+    words = shlex.split(command)
+    if "--settings" not in words:
+        return set(every)
+    rest = words[words.index("--settings") + 1:]
+    return set(next((rest[:i] for i, w in enumerate(rest) if w.startswith("--")), rest))
 
 
 def add_head_options(parser: argparse.ArgumentParser, cache_dir: Path) -> None:
