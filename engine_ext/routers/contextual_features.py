@@ -33,6 +33,11 @@ from engine_ext.routers.contextual import one_pass
 from engine_ext.routers.layer_cache import FeatureSpec, all_layer_states, query_from_states
 from engine_ext.routing import pad_token_lists
 
+FEATURE_CACHE = Path(".cache/engine_ext/routers/contextual_features")
+"""The feature-set pass's states (chunks) and, under heads/, the seed-0 heads."""
+STAMP = "smollm2-135m-instruct"
+"""The model's part of the pass cache's keys."""
+
 CHUNK = 500
 """Queries per cache file (what an interrupted pass loses at most)."""
 
@@ -136,7 +141,6 @@ def main(argv: list[str] | None = None) -> None:
 
     from engine_ext.data import default_text_dir
     from engine_ext.routers.layer_cache import FeatureSpec
-    from engine_ext.routers.run_contextual import FEATURE_CACHE, STAMP
     from engine_ext.routers.settings import load_settings, short_names
     from engine_ext.routers.states import load_route_engine, turn_ids
 

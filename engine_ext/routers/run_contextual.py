@@ -16,6 +16,7 @@ from engine_ext.routers.contextual import (
     time_decision,
     train_contextual,
 )
+from engine_ext.routers.contextual_features import FEATURE_CACHE, STAMP
 from engine_ext.routers.datasets import RoutingSet
 from engine_ext.routers.measure import measure, setting_result
 from engine_ext.routers.mol2 import num_params
@@ -213,10 +214,6 @@ def head_file(heads_dir: Path, card_name: str, setting: str) -> Path:
     return heads_dir / f"{card_name}_{setting}.safetensors"
 
 
-FEATURE_CACHE = Path(".cache/engine_ext/routers/contextual_features")
-"""The feature-set pass's states (chunks) and, under heads/, the seed-0 heads."""
-STAMP = "smollm2-135m-instruct"
-"""The model's part of the pass cache's keys."""
 
 
 def run_feature_card(args, sets, engine, tokenize, write_card,
