@@ -30,8 +30,11 @@ def card_rows(card: RouterCard) -> list[dict]:
     rows = []
     for s in card.settings:
         d = s.decision or _PENDING  # not timed yet: the table says "pending"
+        # each row's own head (a card's settings may train heads of different sizes); a
+        # decoded label has no head: the card's trained parameters (L0's LoRA) stand
+        num_params = s.work.num_head_params or card.num_params
         rows.append(dict(router=card.router, card=card.name, model=card.model,
-                         routing_layer=card.routing_layer, num_params=card.num_params,
+                         routing_layer=card.routing_layer, num_params=num_params,
                          setting=s.setting, num_options=s.num_options, num_test=s.num_test,
                          num_seeds=len(card.seeds), accuracy_mean=s.accuracy_mean,
                          accuracy_std=s.accuracy_std, p50_ms=d.p50_ms, p99_ms=d.p99_ms,
