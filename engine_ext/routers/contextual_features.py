@@ -149,28 +149,36 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--feature-layers", type=int, nargs="+", required=True)
     parser.add_argument("--feature-poolings", nargs="+", default=["mean"])
     parser.add_argument("--train-per-class", type=int, default=None)
+    parser.add_argument("--val-per-class", type=int, default=None)
+    parser.add_argument("--splits", nargs="+", choices=SPLITS, default=["train", "test"],
+                        help="the splits to pass, in this order (test and validation first "
+                             "make a partial pass usable)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cache", type=Path, default=FEATURE_CACHE)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    sets = load_settings(default_text_dir(), args.train_per_class)
+    sets = load_settings(default_text_dir(), args.train_per_class, args.val_per_class)
     spec = FeatureSpec(tuple(args.feature_layers), tuple(args.feature_poolings))
     engine, tokenizer = load_route_engine()
     for name in args.settings:
         fill_pass_cache(engine, lambda t: turn_ids(tokenizer, t), sets[name],
-                        short_names(sets[name]), spec, args.cache, STAMP)
+                        short_names(sets[name]), spec, args.cache, STAMP, splits=args.splits)
+
+
+SPLITS = ("train", "val", "test")
 
 
 def fill_pass_cache(engine, tokenize, routing_set, names, spec: FeatureSpec, folder: Path,
-                    stamp: str, log=print) -> None:
-    """The pass over a setting's training and test queries, into `folder` (what the training
+                    stamp: str, log=print, splits=("train", "test")) -> None:
+    """The pass over a setting's `splits` (in that order), into `folder` (what the training
     run then reads without running the model)."""
     options = [tokenize(" " + n) for n in names]
     log(f"{routing_set.name}: {len(options)} options, {sum(len(o) for o in options)} option "
         "tokens per query", flush=True)
-    for split in (routing_set.train, routing_set.test):
-        cached_pass_features(engine, [tokenize(t) for t in split.texts], options, spec, folder,
-                             stamp, log=log)
+    for split in splits:
+        log(f"{routing_set.name} {split}: {len(routing_set.split(split))} queries", flush=True)
+        cached_pass_features(engine, [tokenize(t) for t in routing_set.split(split).texts],
+                             options, spec, folder, stamp, log=log)
 
 
 if __name__ == "__main__":

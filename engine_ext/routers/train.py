@@ -24,6 +24,7 @@ import torch
 
 from engine_ext.data import default_text_dir
 from engine_ext.routers import train_mol2 as tm
+from engine_ext.routers.contextual_start import add_contextual_options
 from engine_ext.routers.measure import hardware
 from engine_ext.routers.settings import load_settings
 from engine_ext.routers.states import MODEL_NAME, ROUTE_LAYER
@@ -218,11 +219,9 @@ def run_contextual(args, sets, backbone, card_name: str, router_key: str,
     from engine_ext.routers import run_contextual as c
 
     if args.feature_layers and engine is not None:  # SmolLM2 over a feature set
-        grid = dict(c.FEATURE_GRID)
-        grid.update({k: tuple(v) for k, v in (("epochs", args.contextual_epochs),
-                                              ("weight_decay", args.contextual_decays)) if v})
-        if getattr(args, "contextual_query_term", None):
-            grid["query_term"] = tuple(t == "yes" for t in args.contextual_query_term)
+        from engine_ext.routers.contextual_start import feature_grid
+
+        grid = feature_grid(args, c.FEATURE_GRID)
         c.run_feature_card(args, sets, engine, backbone.tokenize, _card, grid=grid)
         return
     rows = [c.contextual_setting(backbone, sets[n], args.seeds)
@@ -337,16 +336,7 @@ def main(argv: list[str] | None = None) -> None:
                              "context at the deepest of these layers (run_contextual)")
     parser.add_argument("--feature-poolings", nargs="+", choices=("mean", "last", "max"),
                         default=["mean"], help="with --feature-layers: the poolings")
-    parser.add_argument("--contextual-epochs", type=int, nargs="+", default=None,
-                        help="Contextual MoL over a feature set: the training lengths (epochs) "
-                             "the validation carve chooses among (default run_contextual's)")
-    parser.add_argument("--contextual-decays", type=float, nargs="+", default=None,
-                        help="Contextual MoL over a feature set: the AdamW weight decays the "
-                             "validation carve chooses among (default run_contextual's)")
-    parser.add_argument("--contextual-query-term", nargs="+", choices=("no", "yes"),
-                        default=None, help="Contextual MoL over a feature set: heads without "
-                        "and/or with a query-only term beside the q/k score, chosen on the "
-                        "validation carve (default: without)")
+    add_contextual_options(parser)
     parser.add_argument("--untimed", action="store_true",
                         help="MoL2, Contextual MoL over a feature set: do not time "
                              "decisions (a loaded machine); the card's "
