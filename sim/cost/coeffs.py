@@ -88,6 +88,15 @@ class CostCoeffs(BaseModel):
     layer_overhead_s: float = Field(default=0.0, ge=0, le=1)
     """Fixed cost per layer a step runs (per-layer launches and host work, whatever the
     tokens): what a bounded replay over the decoder layers saves against a full step."""
+    queue_step_overhead_s: float = Field(default=0.0, ge=0, le=1)
+    """Host seconds added to a step scheduled while any request waits (`sim.cost.queue_cost`):
+    work of the engine's step loop that comes with a queue, not with the batch."""
+    queue_per_waiting_s: float = Field(default=0.0, ge=0, le=1e-3)
+    """Host seconds added to a step per request waiting when it is scheduled (a walk of the
+    waiting queue)."""
+    queue_per_sequence_s: float = Field(default=0.0, ge=0, le=1e-2)
+    """Host seconds added to a step per sequence it runs, when it is scheduled while any
+    request waits."""
     adapter_load_overhead_s: float = Field(default=0.0, ge=0, le=10)
     """Fixed cost of copying one adapter into a device slot (per-module copies, bookkeeping)."""
     adapter_load_bandwidth_efficiency: float = Field(default=1.0, gt=0, le=1)

@@ -1,0 +1,157 @@
+"""The host cost of a step scheduled while requests wait (`sim.cost.queue_cost`), fitted on the
+steps of serving runs the validation never scores.
+
+    python -m calibrate.gpu_queue_fit                     # compare the candidates, fit, print
+    python -m calibrate.gpu_queue_fit --held-out 20       # replay every 20th run both ways
+
+A step of a vLLM 0.8.5 V1 run that holds a queue takes longer than its composition prices
+(docs/gpu-errors.md F). Each run's mean step comes from vLLM's counters and the client's
+throughput (`calibrate.gpu_work_fit.mixed_step_rows`: the running decodes plus the prompts
+admitted per token interval, priced with no replay; the token interval is the measured step).
+Three candidates for what the excess follows, each a fixed cost per step while any request
+waits plus one more term, fitted by non-negative least squares on the relative excess:
+the waiting requests (a walk of the queue), the requests arrived since the last step (the
+engine core's input thread decoding arrivals at the offered rate), or the sequences the step
+runs while requests wait. The candidate with the lowest RMS log error on the fit rows is
+chosen. Fit rows: the test-set runs outside the validation's table (every 4th from the
+first), with or without a queue (those without one hold the terms at their price).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import nnls
+
+from calibrate.gpu_runs import load_serving_runs
+from calibrate.gpu_samples import DATA_DIR, RUNS_SUMMARY
+from calibrate.gpu_work_fit import (
+    ENGINE_METRICS,
+    HELD_OUT_EVERY,
+    load_engine_metrics,
+    mixed_step_rows,
+)
+from sim.cost.cost_model import CostCoeffs
+
+CANDIDATES = {
+    "waiting": ("queue_step_overhead_s", "queue_per_waiting_s"),
+    "arrivals": ("queue_step_overhead_s", "per_arrival_s"),
+    "sequences": ("queue_step_overhead_s", "queue_per_sequence_s"),
+}
+"""Candidate -> its terms' names (`per_arrival_s` has no engine term: it is compared only)."""
+FIT_RULE = (f"test-set runs with engine counters not in the validation's table "
+            f"(index % {HELD_OUT_EVERY} != 0), the measured mean step against its price")
+
+
+def queue_rows(coeffs: CostCoeffs, root: Path = DATA_DIR, held_out: bool = False) -> list[dict]:
+    """`mixed_step_rows` with the run's median waiting requests, its arrivals per step (offered
+    rate x token interval) and whether it is in the validation's table; only the rows outside
+    the table unless `held_out`."""
+    metrics = load_engine_metrics(root / ENGINE_METRICS)
+    runs = load_serving_runs(root / RUNS_SUMMARY)
+    held = {r.run_id for r in runs[::HELD_OUT_EVERY]}
+    offered = {r.run_id: sum(r.adapter_rates) for r in runs}
+    rows = []
+    for row in mixed_step_rows(coeffs, root):
+        if (row["run_id"] in held) != held_out:
+            continue
+        rows.append(dict(row, waiting=metrics[row["run_id"]]["waiting_median"],
+                         arrivals=offered[row["run_id"]] * row["measured_interval_ms"] / 1e3))
+    return rows
+
+
+def term_columns(rows: list[dict], candidate: str) -> np.ndarray:
+    """[rows, 2]: each term's multiplier in seconds' units of `candidate` (1 per step while
+    requests wait; then the waiting requests, arrivals or sequences, times the same flag)."""
+    waits = np.array([r["waiting"] > 0 for r in rows], dtype=float)
+    other = {"waiting": "waiting", "arrivals": "arrivals", "sequences": "running"}[candidate]
+    values = np.array([r[other] for r in rows], dtype=float)
+    return np.column_stack([waits, waits * values])
+
+
+def fit_candidate(rows: list[dict], candidate: str) -> tuple[dict[str, float], dict]:
+    """(terms in seconds, summary) of `candidate` fitted to `rows`: non-negative least squares
+    of the measured step's excess over its price, each row relative to its price."""
+    priced = np.array([r["priced_step_ms"] for r in rows]) / 1e3
+    measured = np.array([r["measured_interval_ms"] for r in rows]) / 1e3
+    cols = term_columns(rows, candidate)
+    values, _ = nnls(cols / priced[:, None], measured / priced - 1)
+    log_error = np.log(measured / (priced + cols @ values))
+    waits = cols[:, 0] > 0
+    summary = dict(num_rows=len(rows), num_queued=int(waits.sum()),
+                   rms_log_error=float(np.sqrt(np.mean(log_error**2))),
+                   median_abs_error=float(np.median(np.abs(np.expm1(log_error)))),
+                   median_abs_error_queued=float(np.median(np.abs(np.expm1(
+                       log_error[waits])))) if waits.any() else None)
+    return dict(zip(CANDIDATES[candidate], map(float, values), strict=True)), summary
+
+
+def fit_queue_terms(rows: list[dict]) -> tuple[str, dict[str, float], dict[str, dict]]:
+    """(chosen candidate, its terms, every candidate's summary): the lowest RMS log error."""
+    fits = {name: fit_candidate(rows, name) for name in CANDIDATES}
+    best = min(fits, key=lambda name: fits[name][1]["rms_log_error"])
+    return best, fits[best][0], {name: dict(terms=t, **s) for name, (t, s) in fits.items()}
+
+
+def with_queue_terms(coeffs: CostCoeffs, terms: dict[str, float]) -> CostCoeffs:
+    """`coeffs` with the engine's queue terms of `terms` set (others of `terms` ignored)."""
+    return coeffs.model_copy(update={k: v for k, v in terms.items() if k in
+                                     CostCoeffs.model_fields})
+
+
+def held_out_table(shipped: CostCoeffs, fitted: CostCoeffs, every: int, window_s: float,
+                   workers: int = 1) -> list[dict]:
+    """Every `every`-th test-set run replayed (`calibrate.gpu_validate.run_rows`) with each
+    coefficient set: median |error| and median signed error per metric, by whether the run
+    saturated (TTFT of saturated runs is not scored, as in the validation)."""
+    from calibrate.gpu_validate import METRICS, run_rows
+
+    runs = load_serving_runs(DATA_DIR / RUNS_SUMMARY)[::every]
+    out = []
+    for label, coeffs in (("shipped", shipped), ("queue terms", fitted)):
+        rows = run_rows(coeffs, runs, window_s, workers)
+        for part, chosen in (("every run", rows),
+                             ("unsaturated", [r for r in rows if not r["is_saturated"]]),
+                             ("saturated", [r for r in rows if r["is_saturated"]])):
+            out.append(dict(replay=label, runs=part, num_runs=len(chosen),
+                            **{m: _medians(chosen, m) for m in METRICS}))
+    return out
+
+
+def _medians(rows: list[dict], metric: str) -> tuple[float, float] | None:
+    """(median |error|, median error) of `metric` over `rows`, TTFT of saturated runs left out."""
+    errors = [r["error"][metric] for r in rows if r["error"][metric] is not None
+              and not (metric.startswith("ttft") and r["is_saturated"])]
+    if not errors:
+        return None
+    return float(np.median(np.abs(errors))), float(np.median(errors))
+
+
+def main(argv=None) -> None:
+    from calibrate.gpu_fit import PROFILE_NAME, PROFILES_DIR
+    from sim.cost.profile import load_profile
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--held-out", type=int, default=0, metavar="EVERY",
+                        help="replay every EVERY-th test-set run with and without the terms")
+    parser.add_argument("--window-s", type=float, default=180.0)
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args(argv)
+    coeffs = load_profile(PROFILES_DIR / f"{PROFILE_NAME}.yaml").coefficients
+    shipped = coeffs.model_copy(update={k: 0.0 for k in CANDIDATES["waiting"]
+                                        + CANDIDATES["sequences"]})
+    best, terms, summaries = fit_queue_terms(queue_rows(shipped))
+    for name, summary in summaries.items():
+        print(name, {k: v if k == "terms" else round(v, 4) if isinstance(v, float) else v
+                     for k, v in summary.items()})
+    print("chosen:", best, terms)
+    if args.held_out:
+        for row in held_out_table(shipped, with_queue_terms(shipped, terms), args.held_out,
+                                  args.window_s, args.workers):
+            print(row, flush=True)
+
+
+if __name__ == "__main__":
+    main()
