@@ -95,6 +95,31 @@ def fit_queue_terms(rows: list[dict]) -> tuple[str, dict[str, float], dict[str, 
     return best, fits[best][0], {name: dict(terms=t, **s) for name, (t, s) in fits.items()}
 
 
+WAITING_BANDS = (0, 1, 1000, 5000, 15000, 22000, 10**9)
+"""Bands of the runs' median waiting requests (docs/gpu-errors.md F's)."""
+
+
+def band_table(rows: list[dict], fits: dict[str, dict]) -> list[dict]:
+    """Median measured / priced step per model and band of waiting requests, with no queue
+    terms and with each candidate's fitted terms."""
+    out = []
+    priced = np.array([r["priced_step_ms"] for r in rows]) / 1e3
+    measured = np.array([r["measured_interval_ms"] for r in rows]) / 1e3
+    with_terms = {name: priced + term_columns(rows, name) @ np.array(list(fit["terms"].values()))
+                  for name, fit in fits.items()}
+    waiting = np.array([r["waiting"] for r in rows])
+    for model in sorted({r["model"] for r in rows}):
+        is_model = np.array([r["model"] == model for r in rows])
+        for lo, hi in zip(WAITING_BANDS, WAITING_BANDS[1:], strict=False):
+            part = is_model & (waiting >= lo) & (waiting < hi)
+            if part.any():
+                out.append(dict(model=model, waiting_band=f"{lo}-{hi}", num_runs=int(part.sum()),
+                                none=float(np.median(measured[part] / priced[part])),
+                                **{name: float(np.median(measured[part] / price[part]))
+                                   for name, price in with_terms.items()}))
+    return out
+
+
 def with_queue_terms(coeffs: CostCoeffs, terms: dict[str, float]) -> CostCoeffs:
     """`coeffs` with the engine's queue terms of `terms` set (others of `terms` ignored)."""
     return coeffs.model_copy(update={k: v for k, v in terms.items() if k in
@@ -142,11 +167,23 @@ def main(argv=None) -> None:
     coeffs = load_profile(PROFILES_DIR / f"{PROFILE_NAME}.yaml").coefficients
     shipped = coeffs.model_copy(update={k: 0.0 for k in CANDIDATES["waiting"]
                                         + CANDIDATES["sequences"]})
-    best, terms, summaries = fit_queue_terms(queue_rows(shipped))
+    rows = queue_rows(shipped)
+    best, terms, summaries = fit_queue_terms(rows)
+    for row in band_table(rows, summaries):
+        print({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
     for name, summary in summaries.items():
         print(name, {k: v if k == "terms" else round(v, 4) if isinstance(v, float) else v
                      for k, v in summary.items()})
     print("chosen:", best, terms)
+    held = queue_rows(shipped, held_out=True)
+    for label, values in (("none", [0.0, 0.0]), (best, list(terms.values()))):
+        priced = np.array([r["priced_step_ms"] for r in held]) / 1e3
+        price = priced + term_columns(held, best) @ np.array(values)
+        error = np.array([r["measured_interval_ms"] / 1e3 for r in held]) / price - 1
+        queued = term_columns(held, best)[:, 0] > 0
+        print(f"held-out steps ({len(held)} runs in the table, {int(queued.sum())} queued), "
+              f"{label}: median |error| {np.median(np.abs(error)):.1%}, queued "
+              f"{np.median(np.abs(error[queued])):.1%} (median {np.median(error[queued]):+.1%})")
     if args.held_out:
         for row in held_out_table(shipped, with_queue_terms(shipped, terms), args.held_out,
                                   args.window_s, args.workers):
