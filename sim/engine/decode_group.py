@@ -238,8 +238,12 @@ class DecodeGroup:
         return rows
 
     def add_share(self, seconds: float) -> None:
-        """Every member's share of one step's (or run's) decode seconds."""
-        self._shares.append(seconds)
+        """Every member's share of one step's decode seconds."""
+        self.add_shares((seconds,))
+
+    def add_shares(self, seconds) -> None:
+        """Every member's shares of steps' decode seconds, in step order."""
+        self._shares.extend(seconds)
         if len(self._shares) >= MIN_SHARES_TO_COMPACT and self.members:
             start = min(m.share_start for m in self._info.values())
             if start - self._share_base >= MIN_SHARES_TO_COMPACT // 2:

@@ -3,20 +3,26 @@
 In fast mode a step holding only decodes is repeated as one run up to the next event that could
 change the batch (a sequence finishing, KV running out); a sequence submitted during a run cuts it
 at the first step boundary at or after its arrival, exactly where the step-by-step reference
-would first see it. The cut is a second timer, not an interrupt: the run waits on an event that
-whichever timer is current triggers, and a superseded timer finds a newer `_run_id` and does
-nothing.
+would first see it. The run's step ends are the reference's clock readings, bit for bit
+(`sim.engine.decode_run.DecodeRun`); they are priced in chunks, so the run waits on a timer at
+the end of the steps priced so far, which prices more and re-arms until the run's last step.
+The cut is another timer, not an interrupt: the run waits on an event that whichever timer is
+current triggers, and a superseded timer finds a newer `_run_id` and does nothing. Busy time is
+added step by step, as the reference adds it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import reduce
+from operator import add
 
 import simpy
 
+from sim.engine.decode_run import DecodeRun, delay_to
 from sim.engine.scheduler import Engine
 from sim.engine.sequence import Sequence
-from sim.engine.step_pricer import DecodeRun, StepPricer, reencode_span
+from sim.engine.step_pricer import StepPricer, reencode_span
 
 
 class SimulationError(RuntimeError):
@@ -52,7 +58,8 @@ class Replica:
         self._wakeup: simpy.Event | None = None
         self._run: DecodeRun | None = None
         """The decode run in progress that no arrival has cut yet."""
-        self._run_start_s = 0.0
+        self._priced_run: DecodeRun | None = None
+        """The decode run in progress."""
         self._run_steps = 0
         self._run_id = 0
         self._run_end: simpy.Event | None = None
@@ -79,12 +86,16 @@ class Replica:
                 raise SimulationError(_stuck_message(engine))
             start = env.now
             if self.pricer.is_fast and plan.is_pure_decode:
-                num_steps = yield from self._decode_run(plan, start)
+                run = yield from self._decode_run(plan, start)
+                num_steps = self._run_steps
+                step_s = run.step_s(num_steps)
+                _attribute_run(plan, step_s, self.pricer.num_decode_compute_tokens)
+                self.busy_s = reduce(add, step_s.tolist(), self.busy_s)
             else:
                 num_steps = 1
                 yield env.timeout(self.pricer.step_s(plan))
-            self.busy_s += env.now - start
-            _attribute(plan, env.now - start, self.pricer.num_decode_compute_tokens)
+                self.busy_s += env.now - start
+                _attribute(plan, env.now - start, self.pricer.num_decode_compute_tokens)
             self.counter.add(num_steps)
             self.on_sample(self, env.now, len(plan.decodes) + len(plan.prefills))
             finished = engine.commit(plan, num_steps, env.now)
@@ -102,36 +113,43 @@ class Replica:
         event.succeed()
 
     def _decode_run(self, plan, start: float):
-        """Wait out a run of decode steps; return how many steps ran."""
+        """Wait out a run of decode steps; return the run (`_run_steps` of it ran)."""
         max_steps = self.engine.max_decode_run_steps(plan)
-        run = self.pricer.decode_run(plan, max_steps)
+        run = self.pricer.decode_run(plan, start, max_steps)
         self._run = run if max_steps > 1 else None
-        self._run_start_s, self._run_steps = start, max_steps
+        self._priced_run, self._run_steps = run, max_steps
         self._run_end = self.env.event()
-        self._end_run_after(run.elapsed_s(max_steps))
+        self._time_run()
         yield self._run_end
-        self._run = self._run_end = None
-        return self._run_steps
+        self._run = self._priced_run = self._run_end = None
+        return run
 
-    def _end_run_after(self, delay_s: float) -> None:
-        """(Re)time the end of the current run; an earlier timer becomes stale."""
+    def _time_run(self) -> None:
+        """(Re)time the current run's end, or if its last step is not priced yet the end of
+        the steps priced next (then time it again from there); an earlier timer becomes
+        stale."""
         self._run_id += 1
-        run_id = self._run_id
+        run_id, run = self._run_id, self._priced_run
+        target = min(run.price_more(self._run_steps), self._run_steps)
 
         def on_timer(_event) -> None:
             if run_id == self._run_id:
-                self._run_end.succeed()
+                if target >= self._run_steps:
+                    self._run_end.succeed()
+                else:
+                    self._time_run()
 
-        self.env.timeout(delay_s).callbacks.append(on_timer)
+        delay = delay_to(self.env.now, run.end_s(target))
+        self.env.timeout(delay).callbacks.append(on_timer)
 
     def _cut_run(self) -> None:
         """A sequence arrived during the run: end it at the first step boundary from now."""
-        run, start, now = self._run, self._run_start_s, self.env.now
+        run = self._run
         self._run = None  # later arrivals in this run change nothing
-        num_steps = run.steps_to_reach(now - start, self._run_steps)
+        num_steps = run.steps_to_reach(self.env.now, self._run_steps)
         if num_steps < self._run_steps:
             self._run_steps = num_steps
-            self._end_run_after(max(0.0, start + run.elapsed_s(num_steps) - now))
+            self._time_run()
 
 
 def _attribute(plan, elapsed_s: float, num_decode_tokens: int) -> None:
@@ -155,6 +173,17 @@ def _attribute(plan, elapsed_s: float, num_decode_tokens: int) -> None:
         seq.busy_replay_s += num_replay * per_token
     for seq, num_reencode in reencodes:
         seq.busy_reencode_s += num_reencode * per_token
+
+
+def _attribute_run(plan, step_s, num_decode_tokens: int) -> None:
+    """`_attribute` for each step of a pure-decode run, given each step's seconds: the same
+    shares, added one step at a time."""
+    tokens = num_decode_tokens * len(plan.decodes)
+    shares = (num_decode_tokens * (step_s / tokens)).tolist()
+    if plan.num_group_decodes:
+        plan.group.add_shares(shares)
+    for seq in plan.decodes[plan.num_group_decodes:]:
+        seq.busy_decode_s = reduce(add, shares, seq.busy_decode_s)
 
 
 def _stuck_message(engine: Engine) -> str:

@@ -1,19 +1,24 @@
-"""Step times for the engine: the reference calls `predict_step` per step; the fast path prices a
-whole run of decode steps at once.
+"""Step times for the engine: the reference calls `predict_step` per step; the fast path prices
+the same steps from tables and caches, bit for bit.
 
-Within a step only attention depends on the contexts; every other term of `predict_step` depends
-on token counts, adapters and sequences, which a run of decode steps keeps fixed. So a decode
-step k of a run costs `const + sum_i T[c_i + k * adv]`, where `T[c]` is one decode item's
-attention at context c (`sim.cost.cost_model.attention_s_per_item`). `T` is tabulated once per
-replica and prefix-summed, so the time of any number of steps is O(batch) to evaluate. The
-non-attention part is cached by the counts it depends on, read off the plan without building a
-`StepBatch`; a step holding replays, re-encodes or partial-layer prefills is priced the same way
-(its counts kept per kind of item), so only a new combination of counts calls `predict_step`.
+A step's seconds are `predict_step`'s `total_s`: its named terms summed in field order. Only
+attention depends on the contexts; every other term depends on token counts, adapters and
+sequences, so the fast path caches those terms by the counts (read off the plan without building
+a `StepBatch`; a step holding replays, re-encodes or partial-layer prefills keyed per kind of
+item), and only a new combination of counts calls the cost model. Attention is each item's
+seconds per kind of layer (`sim.cost.cost_model._attention_terms`: elementwise, so an item's
+value does not depend on the batch around it), summed over the step's items in plan order by
+the same numpy sum as `predict_step`'s; a decode item's value is read from a table over
+contexts, a prompt chunk's, replay's or re-encode's from a cache. A run of decode steps is
+priced step by step the same way, vectorized over the steps (`DecodeRun`), and its step ends
+are the reference's clock: each the previous end plus the step's seconds.
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import fields
+from functools import reduce
+from operator import add
 
 import numpy as np
 
@@ -21,17 +26,25 @@ from sim.cost.cost_model import (
     CostCoeffs,
     StepBatch,
     StepCost,
-    attention_s_per_item,
+    _attention_terms,
+    _model_terms,
     create_step_batch,
     predict_counted_step,
     predict_step,
 )
 from sim.cost.layer_costs import LayerCosts
+from sim.engine.decode_run import DecodeRun
 from sim.engine.step_plan import StepPlan
 
 MAX_CACHED_CHUNKS = 1 << 16
 """Attention seconds of prompt chunks, replays and re-encodes kept per pricer (cleared when
 full: memory stays bounded on runs of millions of distinct prompts)."""
+MAX_RUN_CHUNK_ITEMS = 1 << 20
+"""Most (step, decode) attention values a decode run evaluates at once."""
+
+IS_SUM_SEQUENTIAL = sum([1.0, 1e100, 1.0, -1e100]) == 0.0
+"""Whether `sum` over floats adds them one by one (Python < 3.12; later versions compensate
+the rounding): then numpy's elementwise adds reproduce `StepCost.total_s`."""
 
 
 def reencode_span(seq) -> tuple[int, int]:
@@ -40,63 +53,35 @@ def reencode_span(seq) -> tuple[int, int]:
     return min(seq.num_reencode_tokens, end), end
 
 
-class DecodeRun:
-    """Times of a run of identical-structure decode steps: cumulative seconds after j steps.
-
-    `prefix[x]` is Q[x - adv] (0 below adv) for the strided prefix sum Q of the decode attention
-    table: an item at context c spends prefix[c + adv * j] - prefix[c] on attention in j steps.
-    """
-
-    def __init__(self, const_s: float, contexts: np.ndarray, prefix: np.ndarray, adv: int):
-        self.const_s, self.contexts, self.prefix, self.adv = const_s, contexts, prefix, adv
-        self._base = prefix[contexts]
-        self._elapsed: dict[int, float] = {}
-
-    def elapsed_s(self, num_steps: int) -> float:
-        """Seconds of the first `num_steps` steps."""
-        seconds = self._elapsed.get(num_steps)
-        if seconds is None:
-            last = self.contexts + self.adv * num_steps
-            seconds = num_steps * self.const_s + float((self.prefix[last] - self._base).sum())
-            self._elapsed[num_steps] = seconds
-        return seconds
-
-    def steps_to_reach(self, elapsed_s: float, max_steps: int) -> int:
-        """Fewest steps (>= 1, at most `max_steps`) whose end lies at or after `elapsed_s` into
-        the run. Step ends grow about linearly (attention grows slowly with the contexts), so
-        the search starts at the linear guess from the run's end, widens until it brackets the
-        step and bisects: a few evaluations of `elapsed_s`, each O(batch). Exact because
-        `elapsed_s` never decreases with the steps (every term it sums does not)."""
-        if elapsed_s <= 0:
-            return 1
-        ends_after = self.elapsed_s
-        guess = min(max_steps, max(1, math.ceil(max_steps * elapsed_s / ends_after(max_steps))))
-        # Bracket: ends_after(lo) < elapsed_s (lo = 0 ends at 0) and elapsed_s <= ends_after(hi)
-        # or hi = max_steps.
-        width = 1
-        if ends_after(guess) >= elapsed_s:
-            lo, hi = max(0, guess - 1), guess
-            while lo > 0 and ends_after(lo) >= elapsed_s:
-                lo, hi, width = max(0, lo - 2 * width), lo, 2 * width
-        else:
-            lo, hi = guess, min(max_steps, guess + 1)
-            while hi < max_steps and ends_after(hi) < elapsed_s:
-                lo, hi, width = hi, min(max_steps, hi + 2 * width), 2 * width
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if ends_after(mid) >= elapsed_s else (mid, hi)
-        return hi
+TERM_NAMES = tuple(f.name for f in fields(StepCost) if f.name != "attention_s")
+"""`StepCost`'s terms but attention, in field order (the order `total_s` adds them in)."""
+ATTENTION_AT = [f.name for f in fields(StepCost)].index("attention_s")
+"""How many of them `total_s` adds before attention."""
 
 
 def non_attention_s(cost: StepCost) -> float:
     """The step's seconds but attention: its other terms summed (so that the value depends on
     those terms only, not on the float rounding of the attention it leaves out)."""
-    return (cost.dense_gemm_s + cost.moe_gemm_s + cost.lora_s + cost.direft_s + cost.replay_s
-            + cost.routing_s + cost.communication_s + cost.overhead_s)
+    return reduce(add, _non_attention_terms(cost))
 
 
-_SHARED_NON_ATTENTION: dict[str, dict[tuple, float]] = {}
-"""Non-attention step seconds by pricing identity, kept across runs of one process: a capacity
+def _non_attention_terms(cost: StepCost) -> tuple[float, ...]:
+    return tuple(getattr(cost, name) for name in TERM_NAMES)
+
+
+def _total_s(terms: tuple[float, ...], attention: float) -> float:
+    """`StepCost.total_s` of a step with these other terms and this attention."""
+    return sum((*terms[:ATTENTION_AT], attention, *terms[ATTENTION_AT:]))
+
+
+StepTerms = tuple[tuple[float, ...], tuple[tuple[str, float], ...] | None]
+"""A step's terms but attention, by its counts: `StepCost`'s `TERM_NAMES` (replay_s is worked
+out with the attention when the step has replays or re-encodes), and for such a step the model
+terms over all its items (`predict_step`'s `all_terms`, by name, attention's to be replaced),
+else None."""
+
+_SHARED_NON_ATTENTION: dict[str, dict[tuple, StepTerms]] = {}
+"""Non-attention step terms by pricing identity, kept across runs of one process: a capacity
 search simulates the same deployment many times (seeds, rates) and re-pricing the same step
 shapes is most of a short run's pricing."""
 MAX_SHARED_TABLES = 32
@@ -115,16 +100,17 @@ class StepPricer:
         self.num_decode_compute_tokens = num_decode_compute_tokens
         self.adv = num_tokens_per_decode_step
         self.is_fast = is_fast
-        self._non_attention_s: dict[tuple, float] = {}
+        self._non_attention_s: dict[tuple, StepTerms] = {}
         if shared_key is not None:
             key = f"{shared_key}|{replay_first_layer}|{num_decode_compute_tokens}"
             if key not in _SHARED_NON_ATTENTION and len(_SHARED_NON_ATTENTION) >= \
                     MAX_SHARED_TABLES:
                 del _SHARED_NON_ATTENTION[next(iter(_SHARED_NON_ATTENTION))]  # the oldest
             self._non_attention_s = _SHARED_NON_ATTENTION.setdefault(key, {})
-        self._strided_prefix = np.zeros(0)
-        self._chunk_attention_s: dict[tuple[int, int, int, int], float] = {}
-        self._table = np.zeros(0)
+        self._chunk_attention_s: dict[tuple[int, int, int, int], tuple[float, ...]] = {}
+        """Attention seconds per kind of layer of a prompt chunk, replay or re-encode."""
+        self._tables: list[np.ndarray] = []
+        """Per kind of layer, one decode item's attention seconds by context."""
         self.num_predict_calls = 0
         # Per-layer widths the cost model multiplies token counts by: while they are whole
         # numbers, its sums over items are exact (below 2**53), and a plain step is priced from
@@ -174,37 +160,51 @@ class StepPricer:
             self.num_predict_calls += 1
             return predict_step(self.coeffs, self.profile, self.batch(plan)).total_s \
                 + plan.adapter_load_s
-        attention = 0.0
-        if plan.prefills or plan.replays or plan.reencodes:
-            attention += self._other_attention_total_s(plan)
-        if plan.decodes:
-            contexts = self.decode_contexts(plan)
-            try:  # the table usually covers every context already: no max to take
-                per_item = self._table[contexts]
-            except IndexError:
-                per_item = self._decode_table(int(contexts.max()))[contexts]
-            attention += float(per_item.sum())
-        return self._cached_non_attention_s(plan) + attention + plan.adapter_load_s
+        terms, everything = self._cached_terms(plan)
+        regular, total = self._attention_s(plan)
+        if everything is not None:  # `predict_step`'s replay_s: all items' terms less regular
+            named = dict(zip(TERM_NAMES, terms, strict=True))
+            replay = sum(total if k == "attention_s" else v for k, v in everything) \
+                - sum(regular if k == "attention_s" else named[k] for k, _ in everything)
+            terms = tuple(replay if k == "replay_s" else v for k, v in named.items())
+        return _total_s(terms, regular) + plan.adapter_load_s
 
-    def _other_attention_total_s(self, plan: StepPlan) -> float:
-        """Attention seconds of every item but the decodes (prompt chunks, replays, re-encodes),
-        each over its own layers, summed. An item's seconds depend only on its (tokens, context,
-        first layer, last layer), `attention_s_per_item` being elementwise, so they are cached
-        by that key; the sum is numpy's over the items in plan order, the sum of pricing them
-        together."""
-        items = self._other_items(plan)
+    def _attention_s(self, plan: StepPlan) -> tuple[float, float]:
+        """(regular, all) attention seconds of `plan` as `predict_step` sums them: per kind of
+        layer, numpy's sum over the items in plan order (prompt chunks, decodes; then replays
+        and re-encodes for all), added up from 0.0. Regular leaves the replays and re-encodes
+        out."""
+        items = self._other_items(plan) if plan.prefills or plan.replays or plan.reencodes \
+            else []
+        chunks = self._item_attention_s(items) if items else []
+        num_prefills = len(plan.prefills)
+        contexts = self.decode_contexts(plan) if plan.decodes else None
+        tables = self._decode_tables(int(contexts.max()) if contexts is not None else 0)
+        regular = total = 0.0
+        for kind, table in enumerate(tables):
+            values = table[contexts] if contexts is not None else np.zeros(0)
+            if num_prefills:
+                values = np.concatenate(([c[kind] for c in chunks[:num_prefills]], values))
+            regular += float(values.sum())
+            if len(chunks) > num_prefills:
+                values = np.concatenate((values, [c[kind] for c in chunks[num_prefills:]]))
+                total += float(values.sum())
+        return regular, (total if len(chunks) > num_prefills else regular)
+
+    def _item_attention_s(self, items: list[tuple[int, int, int, int]]) -> list[tuple]:
+        """Attention seconds per kind of layer of each (tokens, context, first layer, last
+        layer) item, cached by that key (`_attention_terms` is elementwise)."""
         cache = self._chunk_attention_s
         missing = [item for item in items if item not in cache]
         if missing:
             if len(cache) + len(missing) > MAX_CACHED_CHUNKS:
                 cache.clear()
-                missing = items
+                missing = list(dict.fromkeys(items))
             new, ctx, first, last = (np.array(column) for column in zip(*missing, strict=True))
-            seconds = attention_s_per_item(self.coeffs, self.profile, new, ctx, first, last)
-            cache.update(zip(missing, seconds.tolist(), strict=True))
-        if len(items) == 1:
-            return cache[items[0]]
-        return float(np.array([cache[item] for item in items]).sum())
+            kinds = _attention_terms(self.coeffs, self.profile, new, ctx, first, last)
+            cache.update(zip(missing, zip(*(k.tolist() for k in kinds), strict=True),
+                             strict=True))
+        return [cache[item] for item in items]
 
     def _other_items(self, plan: StepPlan) -> list[tuple[int, int, int, int]]:
         """(tokens, context, first layer, last layer) of each prefill chunk, replay and
@@ -292,7 +292,7 @@ class StepPricer:
         return ("mixed", tuple(sorted((k, *v) for k, v in groups.items())), len(adapters),
                 plan.num_routing_decisions)
 
-    def _cached_non_attention_s(self, plan: StepPlan) -> float:
+    def _cached_terms(self, plan: StepPlan) -> StepTerms:
         """Every term but attention: a function of counts only (`_plan_key` for full-layer,
         replay-free steps, `_mixed_key` for the others), computed once per key."""
         is_plain = self._is_plain(plan)
@@ -303,30 +303,48 @@ class StepPricer:
             if is_plain and key[0] <= self._max_exact_tokens:
                 num_tokens, num_samples, num_adapted, num_adapters, num_items, num_routing, \
                     has_prompt = key
-                cached = non_attention_s(predict_counted_step(
+                cost = predict_counted_step(
                     self.coeffs, self.profile, num_tokens=num_tokens, num_samples=num_samples,
                     num_adapted_tokens=num_adapted, num_adapters=num_adapters,
                     num_items=num_items, has_prompt=has_prompt,
-                    num_routing_decisions=num_routing))
-                self._non_attention_s[key] = cached
-                return cached
-            batch = self.batch(plan)
-            cost = predict_step(self.coeffs, self.profile, batch)
-            if is_plain:
-                cached = non_attention_s(cost)
-            else:  # replay_s holds the replays' attention too: take every item's out
-                cached = cost.total_s - float(attention_s_per_item(
-                    self.coeffs, self.profile, batch.num_new_tokens, batch.num_context_tokens,
-                    batch.first_layer, batch.last_layer).sum())
-            self._non_attention_s[key] = cached
+                    num_routing_decisions=num_routing)
+                everything = None
+            else:
+                batch = self.batch(plan)
+                cost = predict_step(self.coeffs, self.profile, batch)
+                everything = None
+                if batch.is_replay.any():
+                    terms = _model_terms(self.coeffs, self.profile, batch,
+                                         np.ones(batch.num_new_tokens.shape[0], dtype=bool))
+                    everything = tuple(terms.items())
+            cached = self._non_attention_s[key] = (_non_attention_terms(cost), everything)
         return cached
 
-    def decode_run(self, plan: StepPlan, num_steps: int) -> DecodeRun:
-        """Step times of repeating the pure-decode `plan` up to `num_steps` times."""
-        const_s = self._cached_non_attention_s(plan)
-        contexts = self.decode_contexts(plan)
-        max_index = int(contexts.max()) + self.adv * num_steps
-        return DecodeRun(const_s, contexts, self._prefix(max_index), self.adv)
+    def _cached_non_attention_s(self, plan: StepPlan) -> float:
+        """`non_attention_s` of a replay-free step, from the cached terms."""
+        terms, everything = self._cached_terms(plan)
+        assert everything is None, "a step with replays prices its replays with attention"
+        return reduce(add, terms)
+
+    def decode_run(self, plan: StepPlan, start_s: float, num_steps: int) -> DecodeRun:
+        """The step ends of repeating the pure-decode `plan` up to `num_steps` times from
+        `start_s`: step k's decodes at contexts + k * adv, each step priced as `step_s`."""
+        terms, everything = self._cached_terms(plan)
+        assert everything is None and not plan.prefills and not plan.adapter_load_s
+        contexts = self.decode_contexts(plan).copy()
+        adv = self.adv
+
+        def price_steps(first: int, count: int) -> np.ndarray:
+            shifts = adv * np.arange(first, first + count)
+            index = contexts[None, :] + shifts[:, None]  # [steps, decodes]
+            tables = self._decode_tables(int(index[-1].max()))
+            attention = np.zeros(count)
+            for table in tables:  # row sums: numpy's sum of each step's items
+                attention = attention + table[index].sum(axis=1)
+            return _totals_s(terms, attention)
+
+        return DecodeRun(start_s, num_steps, price_steps,
+                         chunk_steps=MAX_RUN_CHUNK_ITEMS // max(1, contexts.size))
 
     @staticmethod
     def decode_contexts(plan: StepPlan) -> np.ndarray:
@@ -336,23 +354,24 @@ class StepPricer:
         return np.fromiter((s.num_computed_tokens for s in plan.decodes), np.int64,
                            count=len(plan.decodes))
 
-    def _decode_table(self, max_index: int) -> np.ndarray:
-        """T[x]: one decode item's attention seconds at context x, for x <= max_index."""
-        if self._table.size <= max_index:
-            size = max(max_index + 1, 2 * self._table.size, 4096)
+    def _decode_tables(self, max_index: int) -> list[np.ndarray]:
+        """Per kind of layer, T[x]: one decode item's attention seconds at context x, for
+        x <= max_index."""
+        if not self._tables or self._tables[0].size <= max_index:
+            size = max(max_index + 1, 2 * (self._tables[0].size if self._tables else 0), 4096)
             p = self.profile
-            self._table = attention_s_per_item(self.coeffs, p, self.num_decode_compute_tokens,
-                                               np.arange(size), 0, p.num_layers)
-        return self._table
+            self._tables = [np.ascontiguousarray(np.broadcast_to(t, (size,))) for t in
+                            _attention_terms(self.coeffs, p, self.num_decode_compute_tokens,
+                                             np.arange(size), 0, p.num_layers)]
+        return self._tables
 
-    def _prefix(self, max_index: int) -> np.ndarray:
-        """P[x] = Q[x - adv] (0 for x < adv), Q[x] = T[x] + T[x - adv] + ... the strided prefix
-        sum of the decode attention table T, for x <= max_index (see `DecodeRun`)."""
-        if self._strided_prefix.size > max_index:
-            return self._strided_prefix
-        size = max(max_index + 1, 2 * self._strided_prefix.size, 4096)
-        size = -(-size // self.adv) * self.adv
-        table = self._decode_table(size - 1)[:size]
-        strided = np.cumsum(table.reshape(-1, self.adv), axis=0).reshape(-1)
-        self._strided_prefix = np.concatenate((np.zeros(self.adv), strided))
-        return self._strided_prefix
+
+def _totals_s(terms: tuple[float, ...], attention: np.ndarray) -> np.ndarray:
+    """`_total_s` of steps with these other terms, one per attention."""
+    before, after = terms[:ATTENTION_AT], terms[ATTENTION_AT:]
+    if not IS_SUM_SEQUENTIAL:
+        return np.array([sum((*before, a, *after)) for a in attention.tolist()])
+    total = sum(before) + attention  # sum's start (0) first, as `total_s` adds it
+    for term in after:
+        total = total + term
+    return total
