@@ -3,12 +3,14 @@ pure-Python path it mirrors, side by side on the same inputs, with equal results
 
 Inputs are captured from a real simulation: a bench_multilora configuration (Llama-3.1-8B on
 an H100, ShareGPT lengths, one Poisson process per adapter) run on the fast path, recording
-every decode run the pricer builds (constant seconds, contexts, prefix table, steps) and every
-decode run's block bound (`Engine.max_decode_run_steps`: each decode's outputs left, computed
-tokens, blocks held, the free blocks). Then, for each recorded run, both paths compute:
-the run's end, where an arrival at 10, 37, 50, 93 and 100% of the run would cut it
+every decode run the pricer builds (start, non-attention terms, contexts, attention tables,
+steps) and every decode run's block bound (`Engine.max_decode_run_steps`: each decode's outputs
+left, computed tokens, blocks held, the free blocks). Then, for each recorded run, both paths
+compute: the run's end, where an arrival at 10, 37, 50, 93 and 100% of the run would cut it
 (`steps_to_reach`, each on a fresh run as the simulator does), and the block bound. Every
 float must be equal bit for bit and every step count equal; the script exits 1 otherwise.
+The pure-Python path prices a run's steps in chunks, as far as it is asked; the kernel prices
+them all.
 
 Timing: each path over all recorded runs, best of --repeat, numba's compile time apart. The
 machine must be quiet for the seconds to mean anything; `--tiny` only proves it runs.
@@ -49,9 +51,12 @@ def capture(config_name: str, num_requests: int, rate_per_s: float):
     runs, bounds = [], []
     decode_run, max_steps = StepPricer.decode_run, Engine.max_decode_run_steps
 
-    def recording_run(self, plan, num_steps):
-        run = decode_run(self, plan, num_steps)
-        runs.append((run.const_s, run.contexts.copy(), run.prefix, run.adv, num_steps))
+    def recording_run(self, plan, start_s, num_steps):
+        run = decode_run(self, plan, start_s, num_steps)
+        terms, _ = self._cached_terms(plan)
+        contexts = self.decode_contexts(plan).copy()
+        tables = np.array(self._decode_tables(int(contexts.max()) + self.adv * num_steps))
+        runs.append((start_s, terms, tables, contexts, self.adv, num_steps))
         return run
 
     def recording_bound(self, plan):
@@ -75,15 +80,30 @@ def capture(config_name: str, num_requests: int, rate_per_s: float):
     return runs, bounds
 
 
+def _targets(start_s: float, end_s: float) -> list[float]:
+    return [start_s + share * (end_s - start_s) for share in TARGETS]
+
+
+def _python_run(start_s, terms, tables, contexts, adv, num_steps):
+    """A fresh `DecodeRun` of the recorded run, as the simulator builds it."""
+    from functools import partial
+
+    from sim.engine.decode_run import DecodeRun
+    from sim.engine.step_pricer import price_decode_steps
+
+    tables = list(tables)
+    return DecodeRun(start_s, num_steps, partial(price_decode_steps, terms, lambda _: tables,
+                                                 contexts, adv))
+
+
 def python_path(runs, bounds) -> list:
     """The simulator's own code on every recorded input."""
-    from sim.engine.step_pricer import DecodeRun
-
     out = []
-    for const_s, contexts, prefix, adv, num_steps in runs:
-        end = DecodeRun(const_s, contexts, prefix, adv).elapsed_s(num_steps)
-        cuts = [DecodeRun(const_s, contexts, prefix, adv).steps_to_reach(share * end, num_steps)
-                for share in TARGETS]
+    for run in runs:
+        start_s, num_steps = run[0], run[-1]
+        end = _python_run(*run).end_s(num_steps)
+        cuts = [_python_run(*run).steps_to_reach(t, num_steps)
+                for t in _targets(start_s, end)]
         out.append((end, cuts))
     out.append([steps for *_, steps in bounds])  # the simulator's own bound, recorded
     return out
@@ -92,13 +112,15 @@ def python_path(runs, bounds) -> list:
 def numba_path(runs, bounds) -> list:
     """The prototype's kernels on the same inputs."""
     from bench import numba_decode_run as nb
+    from sim.engine.step_pricer import ATTENTION_AT
 
     out = []
-    scratch = np.empty(max((len(r[1]) for r in runs), default=1))
-    for const_s, contexts, prefix, adv, num_steps in runs:
-        end = nb.elapsed_s(const_s, contexts, prefix, adv, num_steps, scratch)
-        cuts = [nb.steps_to_reach(const_s, contexts, prefix, adv, share * end, num_steps,
-                                  scratch) for share in TARGETS]
+    scratch = np.empty(max((len(r[3]) for r in runs), default=1))
+    for start_s, terms, tables, contexts, adv, num_steps in runs:
+        before, after = sum(terms[:ATTENTION_AT]), np.array(terms[ATTENTION_AT:])
+        ends = nb.run_ends(start_s, before, after, tables, contexts, adv, num_steps, scratch)
+        end = float(ends[num_steps])
+        cuts = [int(nb.steps_to_reach(ends, t, num_steps)) for t in _targets(start_s, end)]
         out.append((end, cuts))
     out.append([nb.max_run_steps(remaining, computed, held, adv, bs, free)
                 for remaining, computed, held, adv, bs, free, _ in bounds])
@@ -136,7 +158,7 @@ def main() -> None:
     mismatches = sum(a != b for a, b in zip(expected, got, strict=True))
     python_s = best_of(lambda: python_path(runs, bounds), args.repeat)
     numba_s = best_of(lambda: numba_path(runs, bounds), args.repeat)
-    batch = [len(r[1]) for r in runs]
+    batch = [len(r[3]) for r in runs]
     result = dict(config=args.config, requests=args.requests, rate_per_s=args.rate,
                   decode_runs=len(runs), block_bounds=len(bounds),
                   mean_batch=float(np.mean(batch)) if batch else 0.0,

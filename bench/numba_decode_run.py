@@ -1,14 +1,16 @@
 """A numba prototype of the fast path's decode-run evaluation (optional: `pip install
 .[bench]`; nothing in sim/ imports it).
 
-The pure-Python path (`sim.engine.step_pricer.DecodeRun`, `Engine.max_decode_run_steps`)
-stays the specification. These kernels compute the same numbers from the same arrays:
+The pure-Python path (`sim.engine.decode_run.DecodeRun` over
+`sim.engine.step_pricer.price_decode_steps`, `Engine.max_decode_run_steps`) stays the
+specification. These kernels compute the same numbers from the same arrays:
 
-* `elapsed_s`: seconds of the first k steps of a run, `k * const + sum_i (P[c_i + adv k] -
-  P[c_i])`, the sum taken in numpy's pairwise order (`_pairwise_sum`), so that it is equal to
-  the float numpy gives, bit for bit;
-* `steps_to_reach`: the first step ending at or after a time into the run, by the same
-  bracketing search as `DecodeRun.steps_to_reach` (so the same steps are evaluated);
+* `run_ends`: the end of every step of a run, each the previous end plus the step's seconds:
+  the other terms added around the attention in `StepCost.total_s`'s order, the attention per
+  kind of layer summed over the decodes in numpy's pairwise order (`_pairwise_sum`), so that
+  every end is equal to the float the pure-Python path (and the step-by-step reference) gives,
+  bit for bit;
+* `steps_to_reach`: the first step ending at or after a time, from those ends;
 * `max_run_steps`: the steps a run can take before a sequence finishes or the KV blocks run
   out (`Engine.max_decode_run_steps`'s count and bisection), in integers.
 
@@ -58,47 +60,32 @@ def _pairwise_sum(a, lo, n):
 
 
 @numba.njit(cache=False)
-def array_sum(a):
-    """`float(a.sum())` for a contiguous float64 array: 0.0 plus the pairwise sum."""
-    return 0.0 + _pairwise_sum(a, 0, a.shape[0])
-
-
-@numba.njit(cache=False)
-def elapsed_s(const_s, contexts, prefix, adv, num_steps, scratch):
-    """`DecodeRun(const_s, contexts, prefix, adv).elapsed_s(num_steps)`; `scratch` is a float64
-    buffer at least as long as `contexts`."""
+def run_ends(start_s, before_s, after, tables, contexts, adv, num_steps, scratch):
+    """Ends of steps 0..num_steps of a run from `start_s`: step k costs `before_s` (the sum
+    of the terms `total_s` adds before attention) plus its attention (per kind of layer, row
+    j of `tables`, at contexts + k * adv) plus each of `after` in turn. `scratch` is a float64
+    buffer at least as long as `contexts` (Python's `sum` must add floats one by one: < 3.12)."""
     n = contexts.shape[0]
-    for i in range(n):
-        c = contexts[i]
-        scratch[i] = prefix[c + adv * num_steps] - prefix[c]
-    return num_steps * const_s + (0.0 + _pairwise_sum(scratch, 0, n))
+    ends = np.empty(num_steps + 1)
+    ends[0] = start_s
+    for k in range(num_steps):
+        attention = 0.0
+        for j in range(tables.shape[0]):
+            for i in range(n):
+                scratch[i] = tables[j, contexts[i] + adv * k]
+            attention += 0.0 + _pairwise_sum(scratch, 0, n)
+        total = before_s + attention
+        for term in after:
+            total += term
+        ends[k + 1] = ends[k] + total
+    return ends
 
 
 @numba.njit(cache=False)
-def steps_to_reach(const_s, contexts, prefix, adv, target_s, max_steps, scratch):
-    """`DecodeRun(...).steps_to_reach(target_s, max_steps)`: the same guess, bracket and
-    bisection, so the same steps evaluated and the same answer."""
-    if target_s <= 0:
-        return 1
-    end = elapsed_s(const_s, contexts, prefix, adv, max_steps, scratch)
-    guess = min(max_steps, max(1, int(np.ceil(max_steps * target_s / end))))
-    width = 1
-    if elapsed_s(const_s, contexts, prefix, adv, guess, scratch) >= target_s:
-        lo, hi = max(0, guess - 1), guess
-        while lo > 0 and elapsed_s(const_s, contexts, prefix, adv, lo, scratch) >= target_s:
-            lo, hi, width = max(0, lo - 2 * width), lo, 2 * width
-    else:
-        lo, hi = guess, min(max_steps, guess + 1)
-        while hi < max_steps and elapsed_s(const_s, contexts, prefix, adv, hi,
-                                           scratch) < target_s:
-            lo, hi, width = hi, min(max_steps, hi + 2 * width), 2 * width
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if elapsed_s(const_s, contexts, prefix, adv, mid, scratch) >= target_s:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+def steps_to_reach(ends, time_s, max_steps):
+    """`DecodeRun.steps_to_reach(time_s, max_steps)` from the run's ends."""
+    first = np.searchsorted(ends[:max_steps + 1], time_s)  # the first end at or after
+    return min(max(first, 1), max_steps)
 
 
 @numba.njit(cache=False)

@@ -16,8 +16,9 @@ are the reference's clock: each the previous end plus the step's seconds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
-from functools import reduce
+from functools import partial, reduce
 from operator import add
 
 import numpy as np
@@ -332,18 +333,9 @@ class StepPricer:
         terms, everything = self._cached_terms(plan)
         assert everything is None and not plan.prefills and not plan.adapter_load_s
         contexts = self.decode_contexts(plan).copy()
-        adv = self.adv
-
-        def price_steps(first: int, count: int) -> np.ndarray:
-            shifts = adv * np.arange(first, first + count)
-            index = contexts[None, :] + shifts[:, None]  # [steps, decodes]
-            tables = self._decode_tables(int(index[-1].max()))
-            attention = np.zeros(count)
-            for table in tables:  # row sums: numpy's sum of each step's items
-                attention = attention + table[index].sum(axis=1)
-            return _totals_s(terms, attention)
-
-        return DecodeRun(start_s, num_steps, price_steps,
+        return DecodeRun(start_s, num_steps,
+                         partial(price_decode_steps, terms, self._decode_tables, contexts,
+                                 self.adv),
                          chunk_steps=MAX_RUN_CHUNK_ITEMS // max(1, contexts.size))
 
     @staticmethod
@@ -364,6 +356,21 @@ class StepPricer:
                             _attention_terms(self.coeffs, p, self.num_decode_compute_tokens,
                                              np.arange(size), 0, p.num_layers)]
         return self._tables
+
+
+def price_decode_steps(terms: tuple[float, ...],
+                       decode_tables: Callable[[int], list[np.ndarray]], contexts: np.ndarray,
+                       adv: int, first: int, count: int) -> np.ndarray:
+    """Seconds of steps first, ..., first + count - 1 of a decode run whose other terms are
+    `terms` and whose decodes start at `contexts` (step k's at contexts + k * adv), as
+    `StepPricer.step_s` prices each; `decode_tables(x)` gives the attention tables per kind of
+    layer up to context x."""
+    shifts = adv * np.arange(first, first + count)
+    index = contexts[None, :] + shifts[:, None]  # [steps, decodes]
+    attention = np.zeros(count)
+    for table in decode_tables(int(index[-1].max())):  # row sums: each step's own numpy sum
+        attention = attention + table[index].sum(axis=1)
+    return _totals_s(terms, attention)
 
 
 def _totals_s(terms: tuple[float, ...], attention: np.ndarray) -> np.ndarray:
