@@ -18,7 +18,9 @@ cuts a run long before its end)."""
 
 def delay_to(now_s: float, end_s: float) -> float:
     """A delay `d` with `now_s + d == end_s` in floats (what a SimPy timeout of `d` from now
-    ends at): `end_s - now_s` but for its rounding."""
+    ends at): `end_s - now_s`, which lands there (exactly when end <= 2 now, by Sterbenz's
+    lemma; otherwise its rounding is at most half an ulp of the end), stepped an ulp at a time
+    should a rounding still miss."""
     delay = max(0.0, end_s - now_s)
     while now_s + delay < end_s:
         delay = np.nextafter(delay, np.inf)

@@ -12,9 +12,10 @@ import pytest
 from sim_configs import small_config
 
 from sim.engine.decode_group import DecodeGroup
+from sim.engine.decode_run import DecodeRun, delay_to
 from sim.engine.sequence import Sequence
 from sim.engine.step_plan import StepPlan
-from sim.engine.step_pricer import DecodeRun, StepPricer
+from sim.engine.step_pricer import StepPricer
 from sim.simulate import create_profile
 
 
@@ -220,3 +221,16 @@ def test_steps_to_reach_in_a_priced_decode_run():
     fast, _ = _pricers(adv=64)  # contexts grow fast: attention takes over from the constant
     decodes = [_seq(1, 1, 1), _seq(2, 2, 10)]
     _check_steps_to_reach(lambda: fast.decode_run(StepPlan(decodes=decodes), 3.0, 400), 400)
+
+
+def test_a_timer_delay_lands_on_the_step_end_exactly():
+    # A run's timer ends at `now + delay` in SimPy: the delay must make that the very float the
+    # step-by-step clock reaches, over every scale of times, at binade edges included.
+    rng = np.random.default_rng(0)
+    now = rng.uniform(0.0, 1.0, 5000) * 10.0 ** rng.integers(-6, 4, 5000)
+    end = now + rng.uniform(0.0, 1.0, 5000) * 10.0 ** rng.integers(-6, 4, 5000)
+    pairs = list(zip(now.tolist(), end.tolist(), strict=True)) + [(0.0, 0.1), (5.0, 5.0)]
+    pairs += [(np.nextafter(2.0 ** k, 0.0), 2.0 ** (k + j)) for k in range(-3, 4) for j in (0, 1)]
+    for n, e in pairs:
+        delay = delay_to(n, e)
+        assert delay >= 0.0 and n + delay == e, (n, e)
