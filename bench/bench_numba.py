@@ -53,9 +53,10 @@ def capture(config_name: str, num_requests: int, rate_per_s: float):
 
     def recording_run(self, plan, start_s, num_steps):
         run = decode_run(self, plan, start_s, num_steps)
-        terms, _ = self._cached_terms(plan)
+        terms = self._cached_terms(plan)
         contexts = self.decode_contexts(plan).copy()
-        tables = np.array(self._decode_tables(int(contexts.max()) + self.adv * num_steps))
+        last = int(contexts.max()) + self.adv * num_steps
+        tables = self._decode_table(last)[None, :last + 1].copy()  # one kind: the item totals
         runs.append((start_s, terms, tables, contexts, self.adv, num_steps))
         return run
 
@@ -91,9 +92,9 @@ def _python_run(start_s, terms, tables, contexts, adv, num_steps):
     from sim.engine.decode_run import DecodeRun
     from sim.engine.step_pricer import price_decode_steps
 
-    tables = list(tables)
-    return DecodeRun(start_s, num_steps, partial(price_decode_steps, terms, lambda _: tables,
-                                                 contexts, adv))
+    table = tables[0]
+    return DecodeRun(start_s, num_steps, partial(price_decode_steps, terms, lambda _: table,
+                                                 contexts, adv), num_items=contexts.size)
 
 
 def python_path(runs, bounds) -> list:
@@ -112,12 +113,10 @@ def python_path(runs, bounds) -> list:
 def numba_path(runs, bounds) -> list:
     """The prototype's kernels on the same inputs."""
     from bench import numba_decode_run as nb
-    from sim.engine.step_pricer import ATTENTION_AT
-
     out = []
     scratch = np.empty(max((len(r[3]) for r in runs), default=1))
     for start_s, terms, tables, contexts, adv, num_steps in runs:
-        before, after = sum(terms[:ATTENTION_AT]), np.array(terms[ATTENTION_AT:])
+        before, after = terms.before_s, np.array(terms.after_s, dtype=float)
         ends = nb.run_ends(start_s, before, after, tables, contexts, adv, num_steps, scratch)
         end = float(ends[num_steps])
         cuts = [int(nb.steps_to_reach(ends, t, num_steps)) for t in _targets(start_s, end)]

@@ -6,8 +6,8 @@ The pure-Python path (`sim.engine.decode_run.DecodeRun` over
 specification. These kernels compute the same numbers from the same arrays:
 
 * `run_ends`: the end of every step of a run, each the previous end plus the step's seconds:
-  the other terms added around the attention in `StepCost.total_s`'s order, the attention per
-  kind of layer summed over the decodes in numpy's pairwise order (`_pairwise_sum`), so that
+  the other terms added around the attention in `StepCost.total_s`'s order, the attention (each
+  decode's, one row of `tables`) summed over the decodes in numpy's pairwise order, so that
   every end is equal to the float the pure-Python path (and the step-by-step reference) gives,
   bit for bit;
 * `steps_to_reach`: the first step ending at or after a time, from those ends;
@@ -62,8 +62,8 @@ def _pairwise_sum(a, lo, n):
 @numba.njit(cache=False)
 def run_ends(start_s, before_s, after, tables, contexts, adv, num_steps, scratch):
     """Ends of steps 0..num_steps of a run from `start_s`: step k costs `before_s` (the sum
-    of the terms `total_s` adds before attention) plus its attention (per kind of layer, row
-    j of `tables`, at contexts + k * adv) plus each of `after` in turn. `scratch` is a float64
+    of the terms `total_s` adds before attention) plus its attention (the rows of `tables`
+    summed in turn, each at contexts + k * adv) plus each of `after` in turn. `scratch` is a float64
     buffer at least as long as `contexts` (Python's `sum` must add floats one by one: < 3.12)."""
     n = contexts.shape[0]
     ends = np.empty(num_steps + 1)

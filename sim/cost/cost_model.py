@@ -193,18 +193,19 @@ def _attention_terms(c: CostCoeffs, p: LayerCosts, num_new, num_context, first,
 def attention_s_per_item(c: CostCoeffs, p: LayerCosts, num_new, num_context, first,
                          last) -> np.ndarray:
     """Attention seconds of each item (arrays broadcast): `num_new` tokens attending over
-    `num_context` cached tokens through layers [first, last). `predict_step` sums these."""
+    `num_context` cached tokens through layers [first, last), its kinds of layer added in
+    order. `predict_step` sums these over the items."""
     terms = _attention_terms(c, p, num_new, num_context, first, last)
     return terms[0] if len(terms) == 1 else sum(terms[1:], terms[0])
 
 
 def _attention_s(c: CostCoeffs, p: LayerCosts, batch: StepBatch, mask: np.ndarray) -> float:
-    """Attention seconds of the items in `mask`: per item, per kind of layer it runs."""
-    total = 0.0
-    for term in _attention_terms(c, p, batch.num_new_tokens[mask], batch.num_context_tokens[mask],
-                                 batch.first_layer[mask], batch.last_layer[mask]):
-        total += float(term.sum())
-    return total
+    """Attention seconds of the items in `mask`: each item's (`attention_s_per_item`, which
+    depends on that item alone), summed over the items in batch order. Items first, then their
+    sum: so a simulator can price an item once, keep it and sum the kept values, bit for bit."""
+    return float(attention_s_per_item(c, p, batch.num_new_tokens[mask],
+                                      batch.num_context_tokens[mask], batch.first_layer[mask],
+                                      batch.last_layer[mask]).sum())
 
 
 def _adapted_mask(p: LayerCosts, batch: StepBatch, mask: np.ndarray) -> np.ndarray:

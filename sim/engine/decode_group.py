@@ -8,26 +8,45 @@ token, the last sampled, is pending). A member's fields are written back (`leave
 leaves the group: when it finishes, or when the engine needs every sequence as plain state
 (`dissolve`). Between those, two heaps say which members need attention at a tick: the tick
 at which a member's computed tokens outgrow its KV blocks, and the tick at which it finishes.
-Each step's decode seconds per member are logged once and added to a member's
-`busy_decode_s` when it leaves, in step order, so that the float sum is the same as adding
-them step by step. Members stay in running (admission) order, the order of a plan's decodes,
-so that the step pricer sums their attention in the same order.
+Each step's decode seconds per member (its share) are added once, to one running sum for the
+group kept exactly (an integer count of 2**-100 s); a member that leaves adds the exact sum of
+the shares since it joined to its own exact sum (`add_decode_busy`). So a member's busy time
+costs O(1) whatever the steps it ran, and is the same float whether its shares came one step at
+a time, a run at once, inside the group or outside it. Members stay in running (admission)
+order, the order of a plan's decodes, so that the step pricer sums their attention in the same
+order.
 """
 
 from __future__ import annotations
 
-from array import array
 from bisect import bisect_left
-from functools import reduce
 from heapq import heapify, heappop, heappush
-from operator import add
 
 import numpy as np
 
 from sim.engine.sequence import Sequence
 
-MIN_SHARES_TO_COMPACT = 4096
-"""The log of decode seconds drops what every member has counted once it holds this many."""
+SHARE_UNITS_PER_S = 1 << 100
+"""The exact running sum of shares counts units of 2**-100 s: every share of 2**-47 s (7e-15 s)
+or more is a whole number of them (a float's last bit is at most 2**-52 of its value), so the
+sum is exact; a smaller share loses its bits below the unit, the same in both paths."""
+_SHARE_SCALE = float(SHARE_UNITS_PER_S)
+_SECONDS_PER_UNIT = 1.0 / _SHARE_SCALE
+
+
+def add_decode_busy(seq: Sequence, units: int) -> None:
+    """Add `units` (of 2**-100 s) to `seq`'s decode busy time, its exact sum rounded once: the
+    same however its shares were grouped (step by step, a run at once, a group membership)."""
+    seq.busy_decode_units += units
+    # float() rounds the exact sum once; scaling by a power of two is exact.
+    seq.busy_decode_s = float(seq.busy_decode_units) * _SECONDS_PER_UNIT
+
+
+def share_units(seconds) -> int:
+    """Exact sum of shares (a float or an array of them), in units of 2**-100 s."""
+    if isinstance(seconds, float):
+        return int(seconds * _SHARE_SCALE)
+    return sum(map(int, (np.asarray(seconds, dtype=float) * _SHARE_SCALE).tolist()))
 
 
 class _Member:
@@ -61,8 +80,8 @@ class DecodeGroup:
         """(tick at which the member needs another block, order, token, member)."""
         self._finish_heap: list[tuple[int, int, int, Sequence]] = []
         """(tick at which the member finishes, order, token, member)."""
-        self._shares = array("d")
-        self._share_base = 0  # log index of self._shares[0]
+        self._share_units = 0
+        """Every share added so far, summed exactly (`SHARE_UNITS_PER_S`)."""
         self._num_tokens = 0  # memberships so far: a heap entry of an older one is stale
 
     def __contains__(self, seq: Sequence) -> bool:
@@ -72,7 +91,7 @@ class DecodeGroup:
         """Add a decoding sequence (one pending token) that ran as plain state until now."""
         self._num_tokens += 1
         base = self.tick - seq.num_generated_tokens
-        info = _Member(base, order, self._share_base + len(self._shares), self._num_tokens)
+        info = _Member(base, order, self._share_units, self._num_tokens)
         self._info[seq] = info
         i = bisect_left(self.orders, order)
         self.members.insert(i, seq)
@@ -96,7 +115,7 @@ class DecodeGroup:
                 self.join(seq, order)
             return
         tick, info = self.tick, self._info
-        share_start = self._share_base + len(self._shares)
+        share_start = self._share_units
         adapters = self.adapters
         joined = []
         for seq, order in zip(seqs, orders, strict=True):
@@ -237,18 +256,17 @@ class DecodeGroup:
                          seq.num_prompt_tokens - 1 + generated, seq.num_blocks))
         return rows
 
-    def add_share(self, seconds: float) -> None:
-        """Every member's share of one step's decode seconds."""
-        self.add_shares((seconds,))
+    def add_share(self, seconds) -> None:
+        """Every member's share of one step's decode seconds (or an array of steps' shares)."""
+        self._share_units += share_units(seconds)
 
-    def add_shares(self, seconds) -> None:
-        """Every member's shares of steps' decode seconds, in step order."""
-        self._shares.extend(seconds)
-        if len(self._shares) >= MIN_SHARES_TO_COMPACT and self.members:
-            start = min(m.share_start for m in self._info.values())
-            if start - self._share_base >= MIN_SHARES_TO_COMPACT // 2:
-                del self._shares[:start - self._share_base]
-                self._share_base = start
+    def add_units(self, units: int) -> None:
+        """Every member's shares, already summed exactly (`share_units`)."""
+        self._share_units += units
+
+    def _busy_since(self, member: _Member) -> int:
+        """The exact sum of the shares added since `member` joined (units of 2**-100 s)."""
+        return self._share_units - member.share_start
 
     def leave(self, seq: Sequence) -> None:
         """Write the member's state back to its fields and remove it."""
@@ -256,8 +274,7 @@ class DecodeGroup:
         generated = self._generated(seq, member, self.tick)
         seq.num_generated_tokens = generated
         seq.num_computed_tokens = seq.num_prompt_tokens - 1 + generated
-        seq.busy_decode_s = reduce(add, self._shares[member.share_start - self._share_base:],
-                                   seq.busy_decode_s)
+        add_decode_busy(seq, self._busy_since(member))
         i = bisect_left(self.orders, member.order)
         del self.members[i], self.orders[i], self.context_offsets[i], self._end_contexts[i]
         self._offsets_array = self._ends_array = None
@@ -267,21 +284,17 @@ class DecodeGroup:
                 del self.adapters[seq.adapter]
             else:
                 self.adapters[seq.adapter] -= 1
-        if not self.members:
-            self._share_base += len(self._shares)
-            del self._shares[:]
 
     def dissolve(self) -> None:
         """Every member back to plain state (the engine walks the batch itself this step):
         `leave` for all at once."""
-        tick, info, shares, share_base = self.tick, self._info, self._shares, self._share_base
+        tick, info = self.tick, self._info
         for seq in self.members:
             member = info[seq]
             generated = min(seq.num_output_tokens, tick - member.base)
             seq.num_generated_tokens = generated
             seq.num_computed_tokens = seq.num_prompt_tokens - 1 + generated
-            seq.busy_decode_s = reduce(add, shares[member.share_start - share_base:],
-                                       seq.busy_decode_s)
+            add_decode_busy(seq, self._busy_since(member))
         info.clear()
         self.members.clear()
         self.orders.clear()
@@ -290,7 +303,5 @@ class DecodeGroup:
         self._offsets_array = self._ends_array = None
         self.adapters.clear()
         self.num_adapted = 0
-        self._share_base += len(shares)
-        del shares[:]
         self._block_heap.clear()
         self._finish_heap.clear()

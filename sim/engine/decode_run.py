@@ -7,13 +7,18 @@ sum), and the timer that ends the run is set to land on them exactly (`delay_to`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
 
 FIRST_RUN_CHUNK_STEPS = 16
-"""Steps a decode run prices first; each later chunk doubles what it has (an arrival usually
-cuts a run long before its end)."""
+FIRST_RUN_CHUNK_ITEMS = 4096
+"""A decode run prices its first `FIRST_RUN_CHUNK_STEPS` steps, or more while they hold at most
+`FIRST_RUN_CHUNK_ITEMS` (step, decode) values; each later chunk doubles what it has (an arrival
+usually cuts a run long before its end, and a chunk costs a timer)."""
+MAX_RUN_CHUNK_ITEMS = 1 << 20
+"""Most (step, decode) attention values a decode run evaluates at once."""
 
 
 def delay_to(now_s: float, end_s: float) -> float:
@@ -23,38 +28,40 @@ def delay_to(now_s: float, end_s: float) -> float:
     should a rounding still miss."""
     delay = max(0.0, end_s - now_s)
     while now_s + delay < end_s:
-        delay = np.nextafter(delay, np.inf)
+        delay = math.nextafter(delay, math.inf)
     while now_s + delay > end_s and delay > 0.0:
-        delay = np.nextafter(delay, -np.inf)
-    return float(delay)
+        delay = math.nextafter(delay, -math.inf)
+    return delay
 
 
 class DecodeRun:
     """The step ends of a run of identical-structure decode steps from `start_s`, up to
     `max_steps` steps: each end the previous one plus the step's seconds (as the step-by-step
     clock adds them). `price_steps(first, count)` gives the seconds of steps first, ...,
-    first + count - 1; they are priced in chunks, as far as the run is asked about."""
+    first + count - 1; they are priced in chunks, as far as the run is asked about, each of
+    at most `MAX_RUN_CHUNK_ITEMS` (step, item) values for a run of `num_items` items."""
 
     def __init__(self, start_s: float, max_steps: int,
-                 price_steps: Callable[[int, int], np.ndarray], chunk_steps: int = 1):
+                 price_steps: Callable[[int, int], np.ndarray], num_items: int = 1):
         self.start_s, self.max_steps, self._price_steps = start_s, max_steps, price_steps
-        self._chunk_steps = max(1, chunk_steps)
-        self._ends = np.array([start_s])
-
-    @property
-    def num_priced_steps(self) -> int:
+        num_items = max(1, num_items)
+        self._chunk_steps = max(1, MAX_RUN_CHUNK_ITEMS // num_items)
+        self._first_steps = max(FIRST_RUN_CHUNK_STEPS, FIRST_RUN_CHUNK_ITEMS // num_items)
+        self._ends = np.empty(max_steps + 1)
+        self._ends[0] = start_s
+        self.num_priced_steps = 0
         """Steps whose end is known."""
-        return self._ends.size - 1
 
     def price_more(self, up_to_steps: int) -> int:
         """Price the next chunk of steps, at most up to `up_to_steps`; the steps priced."""
         done = self.num_priced_steps
         if done < up_to_steps:
-            count = min(up_to_steps, self.max_steps) - done
-            count = min(count, max(FIRST_RUN_CHUNK_STEPS, done), self._chunk_steps)
-            seconds = self._price_steps(done, count)
-            ends = np.cumsum(np.concatenate((self._ends[-1:], seconds)))  # one by one
-            self._ends = np.concatenate((self._ends, ends[1:]))
+            count = min(min(up_to_steps, self.max_steps) - done, max(self._first_steps, done),
+                        self._chunk_steps)
+            ends = self._ends[done:done + count + 1]
+            ends[1:] = self._price_steps(done, count)
+            np.cumsum(ends, out=ends)  # one by one, from the last end
+            self.num_priced_steps = done + count
         return self.num_priced_steps
 
     def end_s(self, num_steps: int) -> float:
@@ -71,7 +78,7 @@ class DecodeRun:
 
     def steps_to_reach(self, time_s: float, max_steps: int) -> int:
         """Fewest steps (>= 1, at most `max_steps`) whose end lies at or after `time_s`."""
-        while self._ends[-1] < time_s and self.num_priced_steps < max_steps:
+        while self._ends[self.num_priced_steps] < time_s and self.num_priced_steps < max_steps:
             self.price_more(max_steps)
-        first = int(np.searchsorted(self._ends, time_s, side="left"))
-        return min(max(first, 1), max_steps)
+        ends = self._ends[:self.num_priced_steps + 1]
+        return min(max(int(np.searchsorted(ends, time_s, side="left")), 1), max_steps)

@@ -7,8 +7,9 @@ would first see it. The run's step ends are the reference's clock readings, bit 
 (`sim.engine.decode_run.DecodeRun`); they are priced in chunks, so the run waits on a timer at
 the end of the steps priced so far, which prices more and re-arms until the run's last step.
 The cut is another timer, not an interrupt: the run waits on an event that whichever timer is
-current triggers, and a superseded timer finds a newer `_run_id` and does nothing. Busy time is
-added step by step, as the reference adds it.
+current triggers, and a superseded timer finds a newer `_run_id` and does nothing. The
+replica's busy time is added step by step, as the reference adds it; each step's decode share
+goes to the group's exact running sum (`DecodeGroup.add_shares`), as the reference's does.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from operator import add
 
 import simpy
 
+from sim.engine.decode_group import add_decode_busy, share_units
 from sim.engine.decode_run import DecodeRun, delay_to
 from sim.engine.scheduler import Engine
 from sim.engine.sequence import Sequence
@@ -164,11 +166,12 @@ def _attribute(plan, elapsed_s: float, num_decode_tokens: int) -> None:
     per_token = elapsed_s / tokens if tokens else 0.0
     for seq, num_new in plan.prefills:
         seq.busy_prefill_s += num_new * per_token
-    share = num_decode_tokens * per_token
-    if plan.num_group_decodes:  # the group adds it to each member when the member leaves
-        plan.group.add_share(share)
-    for seq in plan.decodes[plan.num_group_decodes:]:
-        seq.busy_decode_s += share
+    if plan.decodes:
+        units = share_units(num_decode_tokens * per_token)
+        if plan.num_group_decodes:  # the group adds it to each member when the member leaves
+            plan.group.add_units(units)
+        for seq in plan.decodes[plan.num_group_decodes:]:
+            add_decode_busy(seq, units)
     for seq, num_replay in replays:
         seq.busy_replay_s += num_replay * per_token
     for seq, num_reencode in reencodes:
@@ -179,11 +182,11 @@ def _attribute_run(plan, step_s, num_decode_tokens: int) -> None:
     """`_attribute` for each step of a pure-decode run, given each step's seconds: the same
     shares, added one step at a time."""
     tokens = num_decode_tokens * len(plan.decodes)
-    shares = (num_decode_tokens * (step_s / tokens)).tolist()
+    units = share_units(num_decode_tokens * (step_s / tokens))
     if plan.num_group_decodes:
-        plan.group.add_shares(shares)
+        plan.group.add_units(units)
     for seq in plan.decodes[plan.num_group_decodes:]:
-        seq.busy_decode_s = reduce(add, shares, seq.busy_decode_s)
+        add_decode_busy(seq, units)
 
 
 def _stuck_message(engine: Engine) -> str:

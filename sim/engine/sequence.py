@@ -85,7 +85,10 @@ class Sequence:
     busy_reencode_s: float = 0.0
     """Replica seconds of re-encoding the encoder window before its new tokens."""
     busy_decode_s: float = 0.0
-    """Replica seconds of its decode steps."""
+    """Replica seconds of its decode steps: `busy_decode_units` rounded once."""
+    busy_decode_units: int = 0
+    """Its decode steps' shares summed exactly, in units of 2**-100 s
+    (`sim.engine.decode_group.add_decode_busy`)."""
     is_replay_done: bool = False
     is_routing_done: bool = False
     first_scheduled_s: float = -1.0

@@ -6,12 +6,12 @@ attention depends on the contexts; every other term depends on token counts, ada
 sequences, so the fast path caches those terms by the counts (read off the plan without building
 a `StepBatch`; a step holding replays, re-encodes or partial-layer prefills keyed per kind of
 item), and only a new combination of counts calls the cost model. Attention is each item's
-seconds per kind of layer (`sim.cost.cost_model._attention_terms`: elementwise, so an item's
-value does not depend on the batch around it), summed over the step's items in plan order by
-the same numpy sum as `predict_step`'s; a decode item's value is read from a table over
-contexts, a prompt chunk's, replay's or re-encode's from a cache. A run of decode steps is
-priced step by step the same way, vectorized over the steps (`DecodeRun`), and its step ends
-are the reference's clock: each the previous end plus the step's seconds.
+seconds (`sim.cost.cost_model.attention_s_per_item`: elementwise, so an item's value does not
+depend on the batch around it) summed over the step's items in plan order by the same numpy sum
+as `predict_step`'s; a decode item's value is read from a table over contexts, a prompt
+chunk's, replay's or re-encode's from a cache. A run of decode steps is priced step by step the
+same way, vectorized over the steps (`DecodeRun`), and its step ends are the reference's clock:
+each the previous end plus the step's seconds.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from functools import partial, reduce
 from operator import add
+from typing import NamedTuple
 
 import numpy as np
 
@@ -27,8 +28,8 @@ from sim.cost.cost_model import (
     CostCoeffs,
     StepBatch,
     StepCost,
-    _attention_terms,
     _model_terms,
+    attention_s_per_item,
     create_step_batch,
     predict_counted_step,
     predict_step,
@@ -40,8 +41,6 @@ from sim.engine.step_plan import StepPlan
 MAX_CACHED_CHUNKS = 1 << 16
 """Attention seconds of prompt chunks, replays and re-encodes kept per pricer (cleared when
 full: memory stays bounded on runs of millions of distinct prompts)."""
-MAX_RUN_CHUNK_ITEMS = 1 << 20
-"""Most (step, decode) attention values a decode run evaluates at once."""
 
 IS_SUM_SEQUENTIAL = sum([1.0, 1e100, 1.0, -1e100]) == 0.0
 """Whether `sum` over floats adds them one by one (Python < 3.12; later versions compensate
@@ -75,11 +74,25 @@ def _total_s(terms: tuple[float, ...], attention: float) -> float:
     return sum((*terms[:ATTENTION_AT], attention, *terms[ATTENTION_AT:]))
 
 
-StepTerms = tuple[tuple[float, ...], tuple[tuple[str, float], ...] | None]
-"""A step's terms but attention, by its counts: `StepCost`'s `TERM_NAMES` (replay_s is worked
-out with the attention when the step has replays or re-encodes), and for such a step the model
-terms over all its items (`predict_step`'s `all_terms`, by name, attention's to be replaced),
-else None."""
+class StepTerms(NamedTuple):
+    """A step's terms but attention, by its counts: `terms`, `StepCost`'s `TERM_NAMES` (replay_s
+    is worked out with the attention when the step has replays or re-encodes); `everything`, for
+    such a step, the model terms over all its items (`predict_step`'s `all_terms` by name,
+    attention's to be replaced), else None; `before_s`, the terms `total_s` adds before
+    attention, added as it adds them; `after_s`, the nonzero terms it adds after attention, in
+    order (adding 0.0 changes no sum)."""
+
+    terms: tuple[float, ...]
+    everything: tuple[tuple[str, float], ...] | None
+    before_s: float
+    after_s: tuple[float, ...]
+
+
+def create_step_terms(terms: tuple[float, ...], everything) -> StepTerms:
+    """`StepTerms` of these terms, with their split around attention."""
+    return StepTerms(terms, everything, sum(terms[:ATTENTION_AT]),
+                     tuple(t for t in terms[ATTENTION_AT:] if t != 0.0))
+
 
 _SHARED_NON_ATTENTION: dict[str, dict[tuple, StepTerms]] = {}
 """Non-attention step terms by pricing identity, kept across runs of one process: a capacity
@@ -108,10 +121,10 @@ class StepPricer:
                     MAX_SHARED_TABLES:
                 del _SHARED_NON_ATTENTION[next(iter(_SHARED_NON_ATTENTION))]  # the oldest
             self._non_attention_s = _SHARED_NON_ATTENTION.setdefault(key, {})
-        self._chunk_attention_s: dict[tuple[int, int, int, int], tuple[float, ...]] = {}
-        """Attention seconds per kind of layer of a prompt chunk, replay or re-encode."""
-        self._tables: list[np.ndarray] = []
-        """Per kind of layer, one decode item's attention seconds by context."""
+        self._chunk_attention_s: dict[tuple[int, int, int, int], float] = {}
+        """Attention seconds of a prompt chunk, replay or re-encode, by its item."""
+        self._table = np.zeros(0)
+        """One decode item's attention seconds by context."""
         self.num_predict_calls = 0
         # Per-layer widths the cost model multiplies token counts by: while they are whole
         # numbers, its sums over items are exact (below 2**53), and a plain step is priced from
@@ -161,40 +174,45 @@ class StepPricer:
             self.num_predict_calls += 1
             return predict_step(self.coeffs, self.profile, self.batch(plan)).total_s \
                 + plan.adapter_load_s
-        terms, everything = self._cached_terms(plan)
-        regular, total = self._attention_s(plan)
-        if everything is not None:  # `predict_step`'s replay_s: all items' terms less regular
+        cached = self._cached_terms(plan)
+        if cached.everything is None and IS_SUM_SEQUENTIAL:  # no replay: the common step
+            total = cached.before_s + self._attention_s(plan)
+            for term in cached.after_s:
+                total += term
+            return total + plan.adapter_load_s
+        regular = self._attention_s(plan)
+        terms = cached.terms
+        if cached.everything is not None:  # `predict_step`'s replay_s: all items' less regular
+            every = self._attention_s(plan, with_replays=True)
             named = dict(zip(TERM_NAMES, terms, strict=True))
-            replay = sum(total if k == "attention_s" else v for k, v in everything) \
-                - sum(regular if k == "attention_s" else named[k] for k, _ in everything)
+            replay = sum(every if k == "attention_s" else v for k, v in cached.everything) \
+                - sum(regular if k == "attention_s" else named[k] for k, _ in cached.everything)
             terms = tuple(replay if k == "replay_s" else v for k, v in named.items())
         return _total_s(terms, regular) + plan.adapter_load_s
 
-    def _attention_s(self, plan: StepPlan) -> tuple[float, float]:
-        """(regular, all) attention seconds of `plan` as `predict_step` sums them: per kind of
-        layer, numpy's sum over the items in plan order (prompt chunks, decodes; then replays
-        and re-encodes for all), added up from 0.0. Regular leaves the replays and re-encodes
-        out."""
-        items = self._other_items(plan) if plan.prefills or plan.replays or plan.reencodes \
-            else []
-        chunks = self._item_attention_s(items) if items else []
-        num_prefills = len(plan.prefills)
-        contexts = self.decode_contexts(plan) if plan.decodes else None
-        tables = self._decode_tables(int(contexts.max()) if contexts is not None else 0)
-        regular = total = 0.0
-        for kind, table in enumerate(tables):
-            values = table[contexts] if contexts is not None else np.zeros(0)
-            if num_prefills:
-                values = np.concatenate(([c[kind] for c in chunks[:num_prefills]], values))
-            regular += float(values.sum())
-            if len(chunks) > num_prefills:
-                values = np.concatenate((values, [c[kind] for c in chunks[num_prefills:]]))
-                total += float(values.sum())
-        return regular, (total if len(chunks) > num_prefills else regular)
+    def _attention_s(self, plan: StepPlan, with_replays: bool = False) -> float:
+        """Attention seconds of `plan` as `predict_step` sums them: each item's seconds (a
+        decode's from the table over contexts, a prompt chunk's, replay's or re-encode's from
+        the cache), numpy's sum over them in plan order (prompt chunks, decodes, then replays
+        and re-encodes if `with_replays`)."""
+        has_others = plan.prefills or (with_replays and (plan.replays or plan.reencodes))
+        if not plan.decodes:
+            chunks = self._item_attention_s(self._other_items(plan, with_replays))
+            return chunks[0] if len(chunks) == 1 else float(np.array(chunks).sum())
+        contexts = self.decode_contexts(plan)
+        try:  # the table usually covers every context already: no max to take
+            values = self._table[contexts]
+        except IndexError:
+            values = self._decode_table(int(contexts.max()))[contexts]
+        if has_others:
+            chunks = self._item_attention_s(self._other_items(plan, with_replays))
+            num_prefills = len(plan.prefills)
+            values = np.concatenate((chunks[:num_prefills], values, chunks[num_prefills:]))
+        return float(values.sum())
 
-    def _item_attention_s(self, items: list[tuple[int, int, int, int]]) -> list[tuple]:
-        """Attention seconds per kind of layer of each (tokens, context, first layer, last
-        layer) item, cached by that key (`_attention_terms` is elementwise)."""
+    def _item_attention_s(self, items: list[tuple[int, int, int, int]]) -> list[float]:
+        """Attention seconds of each (tokens, context, first layer, last layer) item, cached
+        by that key (`attention_s_per_item` is elementwise)."""
         cache = self._chunk_attention_s
         missing = [item for item in items if item not in cache]
         if missing:
@@ -202,18 +220,20 @@ class StepPricer:
                 cache.clear()
                 missing = list(dict.fromkeys(items))
             new, ctx, first, last = (np.array(column) for column in zip(*missing, strict=True))
-            kinds = _attention_terms(self.coeffs, self.profile, new, ctx, first, last)
-            cache.update(zip(missing, zip(*(k.tolist() for k in kinds), strict=True),
-                             strict=True))
+            seconds = attention_s_per_item(self.coeffs, self.profile, new, ctx, first, last)
+            cache.update(zip(missing, seconds.tolist(), strict=True))
         return [cache[item] for item in items]
 
-    def _other_items(self, plan: StepPlan) -> list[tuple[int, int, int, int]]:
-        """(tokens, context, first layer, last layer) of each prefill chunk, replay and
-        re-encode of `plan`, in that order."""
+    def _other_items(self, plan: StepPlan,
+                     with_replays: bool = True) -> list[tuple[int, int, int, int]]:
+        """(tokens, context, first layer, last layer) of each prefill chunk, then (if
+        `with_replays`) of each replay and re-encode of `plan`."""
         num_layers, rfl = self.profile.num_layers, self.replay_first_layer
         items = [(num_new, seq.num_computed_tokens, seq.first_layer,
                   num_layers if seq.last_layer < 0 else seq.last_layer)
                  for seq, num_new in plan.prefills]
+        if not with_replays:
+            return items
         for seq in plan.replays:
             num = min(seq.num_replay_tokens, seq.num_replay_context_tokens)
             items.append((num, seq.num_replay_context_tokens - num, rfl, num_layers))
@@ -318,25 +338,25 @@ class StepPricer:
                     terms = _model_terms(self.coeffs, self.profile, batch,
                                          np.ones(batch.num_new_tokens.shape[0], dtype=bool))
                     everything = tuple(terms.items())
-            cached = self._non_attention_s[key] = (_non_attention_terms(cost), everything)
+            cached = self._non_attention_s[key] = create_step_terms(_non_attention_terms(cost),
+                                                                    everything)
         return cached
 
     def _cached_non_attention_s(self, plan: StepPlan) -> float:
         """`non_attention_s` of a replay-free step, from the cached terms."""
-        terms, everything = self._cached_terms(plan)
-        assert everything is None, "a step with replays prices its replays with attention"
-        return reduce(add, terms)
+        cached = self._cached_terms(plan)
+        assert cached.everything is None, "a step with replays prices its replays with attention"
+        return reduce(add, cached.terms)
 
     def decode_run(self, plan: StepPlan, start_s: float, num_steps: int) -> DecodeRun:
         """The step ends of repeating the pure-decode `plan` up to `num_steps` times from
         `start_s`: step k's decodes at contexts + k * adv, each step priced as `step_s`."""
-        terms, everything = self._cached_terms(plan)
-        assert everything is None and not plan.prefills and not plan.adapter_load_s
+        cached = self._cached_terms(plan)
+        assert cached.everything is None and not plan.prefills and not plan.adapter_load_s
         contexts = self.decode_contexts(plan).copy()
         return DecodeRun(start_s, num_steps,
-                         partial(price_decode_steps, terms, self._decode_tables, contexts,
-                                 self.adv),
-                         chunk_steps=MAX_RUN_CHUNK_ITEMS // max(1, contexts.size))
+                         partial(price_decode_steps, cached, self._decode_table, contexts,
+                                 self.adv), num_items=contexts.size)
 
     @staticmethod
     def decode_contexts(plan: StepPlan) -> np.ndarray:
@@ -346,39 +366,35 @@ class StepPricer:
         return np.fromiter((s.num_computed_tokens for s in plan.decodes), np.int64,
                            count=len(plan.decodes))
 
-    def _decode_tables(self, max_index: int) -> list[np.ndarray]:
-        """Per kind of layer, T[x]: one decode item's attention seconds at context x, for
-        x <= max_index."""
-        if not self._tables or self._tables[0].size <= max_index:
-            size = max(max_index + 1, 2 * (self._tables[0].size if self._tables else 0), 4096)
+    def _decode_table(self, max_index: int) -> np.ndarray:
+        """T[x]: one decode item's attention seconds at context x, for x <= max_index."""
+        if self._table.size <= max_index:
+            size = max(max_index + 1, 2 * self._table.size, 4096)
             p = self.profile
-            self._tables = [np.ascontiguousarray(np.broadcast_to(t, (size,))) for t in
-                            _attention_terms(self.coeffs, p, self.num_decode_compute_tokens,
-                                             np.arange(size), 0, p.num_layers)]
-        return self._tables
+            self._table = np.ascontiguousarray(np.broadcast_to(attention_s_per_item(
+                self.coeffs, p, self.num_decode_compute_tokens, np.arange(size), 0,
+                p.num_layers), (size,)))
+        return self._table
 
 
-def price_decode_steps(terms: tuple[float, ...],
-                       decode_tables: Callable[[int], list[np.ndarray]], contexts: np.ndarray,
-                       adv: int, first: int, count: int) -> np.ndarray:
+def price_decode_steps(terms: StepTerms, decode_table: Callable[[int], np.ndarray],
+                       contexts: np.ndarray, adv: int, first: int, count: int) -> np.ndarray:
     """Seconds of steps first, ..., first + count - 1 of a decode run whose other terms are
     `terms` and whose decodes start at `contexts` (step k's at contexts + k * adv), as
-    `StepPricer.step_s` prices each; `decode_tables(x)` gives the attention tables per kind of
-    layer up to context x."""
+    `StepPricer.step_s` prices each; `decode_table(x)` gives the decode attention table up to
+    context x."""
     shifts = adv * np.arange(first, first + count)
     index = contexts[None, :] + shifts[:, None]  # [steps, decodes]
-    attention = np.zeros(count)
-    for table in decode_tables(int(index[-1].max())):  # row sums: each step's own numpy sum
-        attention = attention + table[index].sum(axis=1)
-    return _totals_s(terms, attention)
+    table = decode_table(int(contexts.max()) + int(shifts[-1]))
+    return _totals_s(terms, table[index].sum(axis=1))  # row sums: each step's own numpy sum
 
 
-def _totals_s(terms: tuple[float, ...], attention: np.ndarray) -> np.ndarray:
-    """`_total_s` of steps with these other terms, one per attention."""
-    before, after = terms[:ATTENTION_AT], terms[ATTENTION_AT:]
+def _totals_s(terms: StepTerms, attention: np.ndarray) -> np.ndarray:
+    """`_total_s` of steps with these other terms, one per attention (which it reuses)."""
     if not IS_SUM_SEQUENTIAL:
+        before, after = terms.terms[:ATTENTION_AT], terms.terms[ATTENTION_AT:]
         return np.array([sum((*before, a, *after)) for a in attention.tolist()])
-    total = sum(before) + attention  # sum's start (0) first, as `total_s` adds it
-    for term in after:
-        total = total + term
+    total = np.add(terms.before_s, attention, out=attention)
+    for term in terms.after_s:
+        total += term
     return total

@@ -7,7 +7,7 @@ import pytest
 from sim.config import EngineLimits
 from sim.cost.cost_model import attention_s_per_item
 from sim.engine import step_pricer
-from sim.engine.decode_group import DecodeGroup
+from sim.engine.decode_group import DecodeGroup, add_decode_busy, share_units
 from sim.engine.replica import _attribute
 from sim.engine.scheduler import Engine
 from sim.engine.sequence import Sequence
@@ -121,6 +121,44 @@ def test_group_is_used_and_members_follow_the_counter():
     assert seqs[1].busy_decode_s == 0.25 and not group.members
 
 
+def _decoding(seq_id: int) -> Sequence:
+    seq = Sequence(seq_id=seq_id, hop="answer", adapter=-1, kv_namespace=-1,
+                   num_prompt_tokens=4, num_output_tokens=100, submit_s=0.0,
+                   num_computed_tokens=4, num_generated_tokens=1)
+    seq.num_blocks = 1
+    return seq
+
+
+def test_decode_busy_time_is_the_exact_sum_of_its_shares_rounded_once():
+    # 1 + 2**-53 rounds back to 1 (ties to even): adding the shares one by one gives 1.0 twice
+    # over; their exact sum 1 + 2**-52 is a float. Shares added one at a time or as a run's
+    # array, inside the group or outside it, give the same busy time, and a member counts only
+    # the shares since it joined.
+    tiny = 2.0**-53
+    seqs = [_decoding(i) for i in range(3)]
+    again = [_decoding(i) for i in range(3)]
+    one_by_one, as_a_run = DecodeGroup(16, 1), DecodeGroup(16, 1)
+    for group, (a, b, c) in ((one_by_one, seqs), (as_a_run, again)):
+        group.join(a, order=0)
+        group.add_share(1.0)
+        group.join(b, order=1)
+        if group is one_by_one:
+            group.add_share(tiny)
+            group.add_share(tiny)
+        else:
+            group.add_share(np.array([tiny, tiny]))
+        group.join(c, order=2)
+        group.add_share(0.25)
+        group.dissolve()
+    assert seqs[0].busy_decode_s == 1.0 + 2.0**-52 + 0.25
+    assert seqs[1].busy_decode_s == 2.0**-52 + 0.25 and seqs[2].busy_decode_s == 0.25
+    assert [s.busy_decode_s for s in again] == [s.busy_decode_s for s in seqs]
+    outside = _decoding(0)  # the same shares outside any group
+    for share in (1.0, tiny, tiny, 0.25):
+        add_decode_busy(outside, share_units(share))
+    assert outside.busy_decode_s == seqs[0].busy_decode_s
+
+
 @pytest.mark.parametrize("field", ("num_computed_tokens", "first_layer", "last_layer"))
 @pytest.mark.parametrize("num_chunks", (1, 3, 40))
 @pytest.mark.parametrize("cache_size", (None, 4))
@@ -159,7 +197,7 @@ def test_prompt_chunk_prices_are_cached_by_all_they_depend_on(field, num_chunks,
             np.array([s.first_layer for s in seqs]),
             np.array([profile.num_layers if s.last_layer < 0 else s.last_layer for s in seqs]),
         ).sum())
-        assert pricers[0]._attention_s(plan) == (together, together)
+        assert pricers[0]._attention_s(plan) == together
 
 
 def _group_state(group: DecodeGroup, ticks: int) -> list:

@@ -91,16 +91,20 @@ def test_fast_equals_reference_under_disaggregation():
 def test_attention_by_item_matches_the_cost_model(kind):
     config = small_config(kind)
     profile = create_profile(config)
-    rng = np.random.default_rng(0)
-    n = rng.integers(1, 300, size=12)
-    ctx = rng.integers(0, 5000, size=12)
-    first = rng.integers(0, profile.num_layers // 2, size=12)
-    last = rng.integers(profile.num_layers // 2 + 1, profile.num_layers + 1, size=12)
-    batch = create_step_batch(n, ctx, num_layers=profile.num_layers, first_layer=first,
-                              last_layer=last)
-    expected = predict_step(config.coeffs, profile, batch).attention_s
-    got = attention_s_per_item(config.coeffs, profile, n, ctx, first, last).sum()
-    assert got == pytest.approx(expected, rel=1e-12)
+    # Each item's seconds (over all its kinds of layer) summed: so the fast path can keep an
+    # item's value and sum kept values, bit for bit. (On the CED model, summing each kind of
+    # layer over the items first differs in the last bits for about half of these batches.)
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        n = rng.integers(1, 300, size=12)
+        ctx = rng.integers(0, 5000, size=12)
+        first = rng.integers(0, profile.num_layers // 2, size=12)
+        last = rng.integers(profile.num_layers // 2 + 1, profile.num_layers + 1, size=12)
+        batch = create_step_batch(n, ctx, num_layers=profile.num_layers, first_layer=first,
+                                  last_layer=last)
+        expected = predict_step(config.coeffs, profile, batch).attention_s
+        got = attention_s_per_item(config.coeffs, profile, n, ctx, first, last).sum()
+        assert got == expected, seed
 
 
 def _decode_run(adv: int, contexts: list[int], num_steps: int):
