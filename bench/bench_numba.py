@@ -90,7 +90,7 @@ def _python_run(start_s, terms, tables, contexts, adv, num_steps):
     from functools import partial
 
     from sim.engine.decode_run import DecodeRun
-    from sim.engine.step_pricer import price_decode_steps
+    from sim.engine.run_pricing import price_decode_steps
 
     table = tables[0]
     return DecodeRun(start_s, num_steps, partial(price_decode_steps, terms, lambda _: table,

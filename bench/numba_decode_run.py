@@ -2,7 +2,7 @@
 .[bench]`; nothing in sim/ imports it).
 
 The pure-Python path (`sim.engine.decode_run.DecodeRun` over
-`sim.engine.step_pricer.price_decode_steps`, `Engine.max_decode_run_steps`) stays the
+`sim.engine.run_pricing.price_decode_steps`, `Engine.max_decode_run_steps`) stays the
 specification. These kernels compute the same numbers from the same arrays:
 
 * `run_ends`: the end of every step of a run, each the previous end plus the step's seconds:

@@ -30,8 +30,8 @@ SHARE_UNITS_PER_S = 1 << 100
 """The exact running sum of shares counts units of 2**-100 s: every share of 2**-47 s (7e-15 s)
 or more is a whole number of them (a float's last bit is at most 2**-52 of its value), so the
 sum is exact; a smaller share loses its bits below the unit, the same in both paths."""
-_SHARE_SCALE = float(SHARE_UNITS_PER_S)
-_SECONDS_PER_UNIT = 1.0 / _SHARE_SCALE
+SHARE_SCALE = float(SHARE_UNITS_PER_S)
+_SECONDS_PER_UNIT = 1.0 / SHARE_SCALE
 
 
 def add_decode_busy(seq: Sequence, units: int) -> None:
@@ -45,8 +45,8 @@ def add_decode_busy(seq: Sequence, units: int) -> None:
 def share_units(seconds) -> int:
     """Exact sum of shares (a float or an array of them), in units of 2**-100 s."""
     if isinstance(seconds, float):
-        return int(seconds * _SHARE_SCALE)
-    return sum(map(int, (np.asarray(seconds, dtype=float) * _SHARE_SCALE).tolist()))
+        return int(seconds * SHARE_SCALE)
+    return sum(map(int, (np.asarray(seconds, dtype=float) * SHARE_SCALE).tolist()))
 
 
 class _Member:

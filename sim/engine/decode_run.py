@@ -2,12 +2,15 @@
 
 A run repeats one pure-decode step structure; the step-by-step path would advance its clock by
 each step's seconds in turn, so the run's step ends are those additions, one by one (a cumulative
-sum), and the timer that ends the run is set to land on them exactly (`delay_to`).
+sum), and the timer that ends the run is set to land on them exactly (`delay_to`). A short run
+is priced whole when it starts, in plain floats (`ListedDecodeRun`); a longer one in numpy
+chunks as far as it is asked about (`DecodeRun`). Both answer the same questions.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Callable
 
 import numpy as np
@@ -70,11 +73,12 @@ class DecodeRun:
             self.price_more(num_steps)
         return float(self._ends[num_steps])
 
-    def step_s(self, num_steps: int) -> np.ndarray:
+    def step_s(self, num_steps: int) -> list[float]:
         """Each of the first `num_steps` steps' seconds as the clock reads them (end minus
         start, as the step-by-step loop subtracts them)."""
         self.end_s(num_steps)
-        return np.diff(self._ends[:num_steps + 1])
+        ends = self._ends[:num_steps + 1]
+        return (ends[1:] - ends[:-1]).tolist()
 
     def steps_to_reach(self, time_s: float, max_steps: int) -> int:
         """Fewest steps (>= 1, at most `max_steps`) whose end lies at or after `time_s`."""
@@ -82,3 +86,30 @@ class DecodeRun:
             self.price_more(max_steps)
         ends = self._ends[:self.num_priced_steps + 1]
         return min(max(int(np.searchsorted(ends, time_s, side="left")), 1), max_steps)
+
+
+class ListedDecodeRun:
+    """A decode run priced whole: `DecodeRun`'s answers from its step ends, a list (`ends[k]`,
+    when the first k steps end; `ends[0]`, the start)."""
+
+    def __init__(self, ends: list[float]):
+        self._ends = ends
+        self.start_s, self.max_steps = ends[0], len(ends) - 1
+        self.num_priced_steps = self.max_steps
+
+    def price_more(self, up_to_steps: int) -> int:
+        """Every step is priced already: the steps priced."""
+        return self.num_priced_steps
+
+    def end_s(self, num_steps: int) -> float:
+        """When the first `num_steps` steps end."""
+        return self._ends[num_steps]
+
+    def step_s(self, num_steps: int) -> list[float]:
+        """`DecodeRun.step_s`."""
+        ends = self._ends
+        return [ends[k + 1] - ends[k] for k in range(num_steps)]
+
+    def steps_to_reach(self, time_s: float, max_steps: int) -> int:
+        """Fewest steps (>= 1, at most `max_steps`) whose end lies at or after `time_s`."""
+        return min(max(bisect_left(self._ends, time_s, 0, max_steps + 1), 1), max_steps)

@@ -20,8 +20,8 @@ from operator import add
 
 import simpy
 
-from sim.engine.decode_group import add_decode_busy, share_units
-from sim.engine.decode_run import DecodeRun, delay_to
+from sim.engine.decode_group import SHARE_SCALE, add_decode_busy, share_units
+from sim.engine.decode_run import DecodeRun, ListedDecodeRun, delay_to
 from sim.engine.scheduler import Engine
 from sim.engine.sequence import Sequence
 from sim.engine.step_pricer import StepPricer, reencode_span
@@ -58,9 +58,9 @@ class Replica:
         self.counter, self.on_sample = counter, on_sample
         self.busy_s = 0.0
         self._wakeup: simpy.Event | None = None
-        self._run: DecodeRun | None = None
+        self._run: DecodeRun | ListedDecodeRun | None = None
         """The decode run in progress that no arrival has cut yet."""
-        self._priced_run: DecodeRun | None = None
+        self._priced_run: DecodeRun | ListedDecodeRun | None = None
         """The decode run in progress."""
         self._run_steps = 0
         self._run_id = 0
@@ -92,7 +92,7 @@ class Replica:
                 num_steps = self._run_steps
                 step_s = run.step_s(num_steps)
                 _attribute_run(plan, step_s, self.pricer.num_decode_compute_tokens)
-                self.busy_s = reduce(add, step_s.tolist(), self.busy_s)
+                self.busy_s = reduce(add, step_s, self.busy_s)
             else:
                 num_steps = 1
                 yield env.timeout(self.pricer.step_s(plan))
@@ -178,11 +178,11 @@ def _attribute(plan, elapsed_s: float, num_decode_tokens: int) -> None:
         seq.busy_reencode_s += num_reencode * per_token
 
 
-def _attribute_run(plan, step_s, num_decode_tokens: int) -> None:
+def _attribute_run(plan, step_s: list[float], num_decode_tokens: int) -> None:
     """`_attribute` for each step of a pure-decode run, given each step's seconds: the same
-    shares, added one step at a time."""
+    shares (the same float operations), summed exactly."""
     tokens = num_decode_tokens * len(plan.decodes)
-    units = share_units(num_decode_tokens * (step_s / tokens))
+    units = sum([int(num_decode_tokens * (s / tokens) * SHARE_SCALE) for s in step_s])
     if plan.num_group_decodes:
         plan.group.add_units(units)
     for seq in plan.decodes[plan.num_group_decodes:]:

@@ -16,11 +16,8 @@ each the previous end plus the step's seconds.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import fields
 from functools import partial, reduce
 from operator import add
-from typing import NamedTuple
 
 import numpy as np
 
@@ -35,28 +32,31 @@ from sim.cost.cost_model import (
     predict_step,
 )
 from sim.cost.layer_costs import LayerCosts
-from sim.engine.decode_run import DecodeRun
+from sim.engine import run_pricing
+from sim.engine.decode_run import DecodeRun, ListedDecodeRun
+from sim.engine.run_pricing import (
+    TERM_NAMES,
+    StepTerms,
+    create_step_terms,
+    price_decode_steps,
+    price_run_ends,
+    total_s,
+)
 from sim.engine.step_plan import StepPlan
+
+MAX_LISTED_RUN_VALUES = 256
+"""A decode run of at most this many (step, decode) attention values is priced whole when it
+starts, in plain floats; a longer one in numpy chunks as it goes (numpy's calls cost more than
+a short run's values)."""
 
 MAX_CACHED_CHUNKS = 1 << 16
 """Attention seconds of prompt chunks, replays and re-encodes kept per pricer (cleared when
 full: memory stays bounded on runs of millions of distinct prompts)."""
 
-IS_SUM_SEQUENTIAL = sum([1.0, 1e100, 1.0, -1e100]) == 0.0
-"""Whether `sum` over floats adds them one by one (Python < 3.12; later versions compensate
-the rounding): then numpy's elementwise adds reproduce `StepCost.total_s`."""
-
-
 def reencode_span(seq) -> tuple[int, int]:
     """(tokens, cached tokens it ends at) of a sequence's encoder-window re-encode."""
     end = seq.num_reencode_context_tokens
     return min(seq.num_reencode_tokens, end), end
-
-
-TERM_NAMES = tuple(f.name for f in fields(StepCost) if f.name != "attention_s")
-"""`StepCost`'s terms but attention, in field order (the order `total_s` adds them in)."""
-ATTENTION_AT = [f.name for f in fields(StepCost)].index("attention_s")
-"""How many of them `total_s` adds before attention."""
 
 
 def non_attention_s(cost: StepCost) -> float:
@@ -67,31 +67,6 @@ def non_attention_s(cost: StepCost) -> float:
 
 def _non_attention_terms(cost: StepCost) -> tuple[float, ...]:
     return tuple(getattr(cost, name) for name in TERM_NAMES)
-
-
-def _total_s(terms: tuple[float, ...], attention: float) -> float:
-    """`StepCost.total_s` of a step with these other terms and this attention."""
-    return sum((*terms[:ATTENTION_AT], attention, *terms[ATTENTION_AT:]))
-
-
-class StepTerms(NamedTuple):
-    """A step's terms but attention, by its counts: `terms`, `StepCost`'s `TERM_NAMES` (replay_s
-    is worked out with the attention when the step has replays or re-encodes); `everything`, for
-    such a step, the model terms over all its items (`predict_step`'s `all_terms` by name,
-    attention's to be replaced), else None; `before_s`, the terms `total_s` adds before
-    attention, added as it adds them; `after_s`, the nonzero terms it adds after attention, in
-    order (adding 0.0 changes no sum)."""
-
-    terms: tuple[float, ...]
-    everything: tuple[tuple[str, float], ...] | None
-    before_s: float
-    after_s: tuple[float, ...]
-
-
-def create_step_terms(terms: tuple[float, ...], everything) -> StepTerms:
-    """`StepTerms` of these terms, with their split around attention."""
-    return StepTerms(terms, everything, sum(terms[:ATTENTION_AT]),
-                     tuple(t for t in terms[ATTENTION_AT:] if t != 0.0))
 
 
 _SHARED_NON_ATTENTION: dict[str, dict[tuple, StepTerms]] = {}
@@ -125,6 +100,8 @@ class StepPricer:
         """Attention seconds of a prompt chunk, replay or re-encode, by its item."""
         self._table = np.zeros(0)
         """One decode item's attention seconds by context."""
+        self._table_list: list[float] = []
+        """`_table` as a list (plain floats for short runs)."""
         self.num_predict_calls = 0
         # Per-layer widths the cost model multiplies token counts by: while they are whole
         # numbers, its sums over items are exact (below 2**53), and a plain step is priced from
@@ -175,7 +152,7 @@ class StepPricer:
             return predict_step(self.coeffs, self.profile, self.batch(plan)).total_s \
                 + plan.adapter_load_s
         cached = self._cached_terms(plan)
-        if cached.everything is None and IS_SUM_SEQUENTIAL:  # no replay: the common step
+        if cached.everything is None and run_pricing.IS_SUM_SEQUENTIAL:  # no replay: common
             total = cached.before_s + self._attention_s(plan)
             for term in cached.after_s:
                 total += term
@@ -188,7 +165,7 @@ class StepPricer:
             replay = sum(every if k == "attention_s" else v for k, v in cached.everything) \
                 - sum(regular if k == "attention_s" else named[k] for k, _ in cached.everything)
             terms = tuple(replay if k == "replay_s" else v for k, v in named.items())
-        return _total_s(terms, regular) + plan.adapter_load_s
+        return total_s(terms, regular) + plan.adapter_load_s
 
     def _attention_s(self, plan: StepPlan, with_replays: bool = False) -> float:
         """Attention seconds of `plan` as `predict_step` sums them: each item's seconds (a
@@ -348,12 +325,23 @@ class StepPricer:
         assert cached.everything is None, "a step with replays prices its replays with attention"
         return reduce(add, cached.terms)
 
-    def decode_run(self, plan: StepPlan, start_s: float, num_steps: int) -> DecodeRun:
+    def decode_run(self, plan: StepPlan, start_s: float,
+                   num_steps: int) -> DecodeRun | ListedDecodeRun:
         """The step ends of repeating the pure-decode `plan` up to `num_steps` times from
-        `start_s`: step k's decodes at contexts + k * adv, each step priced as `step_s`."""
+        `start_s`: step k's decodes at contexts + k * adv, each step priced as `step_s`. A run
+        of at most `MAX_LISTED_RUN_VALUES` (step, decode) values is priced whole in plain
+        floats, a longer one in numpy chunks."""
         cached = self._cached_terms(plan)
         assert cached.everything is None and not plan.prefills and not plan.adapter_load_s
-        contexts = self.decode_contexts(plan).copy()
+        contexts = self.decode_contexts(plan)
+        if num_steps * contexts.size <= MAX_LISTED_RUN_VALUES:
+            listed = contexts.tolist()
+            last = max(listed) + self.adv * (num_steps - 1)
+            if last >= len(self._table_list):
+                self._decode_table(last)
+            return ListedDecodeRun(price_run_ends(cached, self._table_list, listed, self.adv,
+                                                  start_s, num_steps))
+        contexts = contexts.copy()
         return DecodeRun(start_s, num_steps,
                          partial(price_decode_steps, cached, self._decode_table, contexts,
                                  self.adv), num_items=contexts.size)
@@ -374,27 +362,6 @@ class StepPricer:
             self._table = np.ascontiguousarray(np.broadcast_to(attention_s_per_item(
                 self.coeffs, p, self.num_decode_compute_tokens, np.arange(size), 0,
                 p.num_layers), (size,)))
+            self._table_list = self._table.tolist()
         return self._table
 
-
-def price_decode_steps(terms: StepTerms, decode_table: Callable[[int], np.ndarray],
-                       contexts: np.ndarray, adv: int, first: int, count: int) -> np.ndarray:
-    """Seconds of steps first, ..., first + count - 1 of a decode run whose other terms are
-    `terms` and whose decodes start at `contexts` (step k's at contexts + k * adv), as
-    `StepPricer.step_s` prices each; `decode_table(x)` gives the decode attention table up to
-    context x."""
-    shifts = adv * np.arange(first, first + count)
-    index = contexts[None, :] + shifts[:, None]  # [steps, decodes]
-    table = decode_table(int(contexts.max()) + int(shifts[-1]))
-    return _totals_s(terms, table[index].sum(axis=1))  # row sums: each step's own numpy sum
-
-
-def _totals_s(terms: StepTerms, attention: np.ndarray) -> np.ndarray:
-    """`_total_s` of steps with these other terms, one per attention (which it reuses)."""
-    if not IS_SUM_SEQUENTIAL:
-        before, after = terms.terms[:ATTENTION_AT], terms.terms[ATTENTION_AT:]
-        return np.array([sum((*before, a, *after)) for a in attention.tolist()])
-    total = np.add(terms.before_s, attention, out=attention)
-    for term in terms.after_s:
-        total += term
-    return total

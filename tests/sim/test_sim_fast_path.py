@@ -10,7 +10,7 @@ from sim_configs import small_config
 
 from sim.config import ClusterSpec, DisaggregationSpec
 from sim.cost.cost_model import attention_s_per_item, create_step_batch, predict_step
-from sim.engine import step_pricer
+from sim.engine import run_pricing, step_pricer
 from sim.engine.scheduler import Engine
 from sim.engine.sequence import Sequence
 from sim.engine.step_plan import StepPlan
@@ -291,7 +291,7 @@ def test_fast_equals_reference_on_bench_multilora_above_capacity():
 def test_fast_equals_reference_when_sum_compensates(monkeypatch):
     # From Python 3.12 `sum` of floats compensates its rounding, and a decode run's step times
     # are then summed per step by `sum` itself rather than by numpy's adds: that branch too.
-    monkeypatch.setattr(step_pricer, "IS_SUM_SEQUENTIAL", False)
+    monkeypatch.setattr(run_pricing, "IS_SUM_SEQUENTIAL", False)
     config = small_config("multi_lora", max_num_seqs=8, num_kv_blocks=120, block_size=16)
     ref, fast = both_modes(config, conversations(7, arrival_rate_per_s=400.0, think_time_s=0.01))
     assert_same_requests(ref, fast)

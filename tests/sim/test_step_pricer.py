@@ -186,7 +186,7 @@ def test_a_decode_run_ends_where_its_steps_end_one_by_one(adv, start_s):
     for step in range(num_steps + 1):  # the clock of the step-by-step path, bit for bit
         assert run.end_s(step) == now, step
         now += reference.step_s(StepPlan(decodes=decodes, decode_contexts=contexts + adv * step))
-    assert run.step_s(num_steps).tolist() == np.diff([run.end_s(k) for k in range(41)]).tolist()
+    assert run.step_s(num_steps) == np.diff([run.end_s(k) for k in range(41)]).tolist()
 
 
 def _first_step_at_or_after(run: DecodeRun, time_s: float, max_steps: int) -> int:

@@ -1,0 +1,135 @@
+"""The seconds of a decode run's steps, each as `StepPricer.step_s` prices the step, bit for bit.
+
+A run repeats one pure-decode step: its terms but attention are fixed (`StepTerms`), and step
+k's attention is numpy's sum of one table value per decode, at its context plus k * adv. Two
+ways give the same floats: numpy over a block of steps at once (`price_decode_steps`: gather,
+row sums, term adds; cheap per value, a few microseconds per call), and plain Python floats
+step by step (`price_run_ends`: numpy's pairwise summation spelled out in `pairwise_sum`; no
+per-call cost, dearer per value). Most runs are a few steps over a small batch (an arrival or a
+finishing sequence cuts them), and those are priced the second way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields
+from functools import reduce
+from operator import add
+from typing import NamedTuple
+
+import numpy as np
+
+from sim.cost.cost_model import StepCost
+
+IS_SUM_SEQUENTIAL = sum([1.0, 1e100, 1.0, -1e100]) == 0.0
+"""Whether `sum` over floats adds them one by one (Python < 3.12; later versions compensate
+the rounding): then plain adds reproduce `StepCost.total_s` and `sum` is numpy's inner loop."""
+
+TERM_NAMES = tuple(f.name for f in fields(StepCost) if f.name != "attention_s")
+"""`StepCost`'s terms but attention, in field order (the order `total_s` adds them in)."""
+ATTENTION_AT = [f.name for f in fields(StepCost)].index("attention_s")
+"""How many of them `total_s` adds before attention."""
+
+PAIRWISE_BLOCK = 128
+"""numpy's `PW_BLOCKSIZE`: a float sum of more values splits in two halves."""
+
+
+class StepTerms(NamedTuple):
+    """A step's terms but attention, by its counts: `terms`, `StepCost`'s `TERM_NAMES` (replay_s
+    is worked out with the attention when the step has replays or re-encodes); `everything`, for
+    such a step, the model terms over all its items (`predict_step`'s `all_terms` by name,
+    attention's to be replaced), else None; `before_s`, the terms `total_s` adds before
+    attention, added as it adds them; `after_s`, the nonzero terms it adds after attention, in
+    order (adding 0.0 changes no sum)."""
+
+    terms: tuple[float, ...]
+    everything: tuple[tuple[str, float], ...] | None
+    before_s: float
+    after_s: tuple[float, ...]
+
+
+def create_step_terms(terms: tuple[float, ...], everything) -> StepTerms:
+    """`StepTerms` of these terms, with their split around attention."""
+    return StepTerms(terms, everything, sum(terms[:ATTENTION_AT]),
+                     tuple(t for t in terms[ATTENTION_AT:] if t != 0.0))
+
+
+def total_s(terms: tuple[float, ...], attention: float) -> float:
+    """`StepCost.total_s` of a step with these other terms and this attention."""
+    return sum((*terms[:ATTENTION_AT], attention, *terms[ATTENTION_AT:]))
+
+
+def pairwise_sum(values: list[float]) -> float:
+    """What numpy's `sum` gives for a float64 array of `values` (numpy 1.9+'s pairwise
+    summation): below 8 values added one by one from 0.0; up to `PAIRWISE_BLOCK`, eight
+    running sums over every eighth value, combined as ((0+1)+(2+3))+((4+5)+(6+7)), then the
+    values past the last multiple of 8 added one by one; above, the sums of two halves (the
+    first a multiple of 8 long) added."""
+    n = len(values)
+    add_all = sum if IS_SUM_SEQUENTIAL else _add_in_order
+    if n < 8:
+        return add_all(values)
+    if n > PAIRWISE_BLOCK:
+        half = n // 2 - n // 2 % 8
+        return pairwise_sum(values[:half]) + pairwise_sum(values[half:])
+    m = n - n % 8
+    total = ((add_all(values[0:m:8]) + add_all(values[1:m:8]))
+             + (add_all(values[2:m:8]) + add_all(values[3:m:8]))) \
+        + ((add_all(values[4:m:8]) + add_all(values[5:m:8]))
+           + (add_all(values[6:m:8]) + add_all(values[7:m:8])))
+    for value in values[m:]:
+        total += value
+    return total
+
+
+def _add_in_order(values: list[float]) -> float:
+    # Starting from 0.0 changes no sum of these (nonnegative or nonzero) seconds.
+    return reduce(add, values, 0.0)
+
+
+def price_run_ends(terms: StepTerms, table: list[float], contexts: list[int], adv: int,
+                   start_s: float, num_steps: int) -> list[float]:
+    """The ends of a decode run's first `num_steps` steps from `start_s`, in plain floats: end
+    k + 1 is end k plus step k's seconds (`StepPricer.step_s`: the terms before attention,
+    attention as numpy sums it, the terms after), step k's decodes at `contexts` + k * adv,
+    one decode's attention at context x being `table[x]`."""
+    ends = [start_s]
+    end, before, after = start_s, terms.before_s, terms.after_s
+    is_sequential = IS_SUM_SEQUENTIAL
+    small = len(contexts) < 8 and is_sequential
+    for shift in range(0, adv * num_steps, adv):
+        if small:  # numpy's sum below 8 values: one by one (here `sum`'s own loop)
+            attention = sum([table[c + shift] for c in contexts])
+        else:
+            attention = pairwise_sum([table[c + shift] for c in contexts])
+        if is_sequential:
+            step = before + attention
+            for term in after:
+                step += term
+        else:
+            step = total_s(terms.terms, attention)
+        end += step
+        ends.append(end)
+    return ends
+
+
+def price_decode_steps(terms: StepTerms, decode_table: Callable[[int], np.ndarray],
+                       contexts: np.ndarray, adv: int, first: int, count: int) -> np.ndarray:
+    """Seconds of steps first, ..., first + count - 1 of a decode run whose other terms are
+    `terms` and whose decodes start at `contexts` (step k's at contexts + k * adv), as
+    `StepPricer.step_s` prices each; `decode_table(x)` gives the decode attention table up to
+    context x."""
+    shifts = adv * np.arange(first, first + count)
+    index = contexts[None, :] + shifts[:, None]  # [steps, decodes]
+    table = decode_table(int(contexts.max()) + int(shifts[-1]))
+    return _totals_s(terms, table[index].sum(axis=1))  # row sums: each step's own numpy sum
+
+
+def _totals_s(terms: StepTerms, attention: np.ndarray) -> np.ndarray:
+    """`total_s` of steps with these other terms, one per attention (which it reuses)."""
+    if not IS_SUM_SEQUENTIAL:
+        return np.array([total_s(terms.terms, a) for a in attention.tolist()])
+    total = np.add(terms.before_s, attention, out=attention)
+    for term in terms.after_s:
+        total += term
+    return total
