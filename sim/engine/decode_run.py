@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Callable
+from operator import sub
 
 import numpy as np
 
@@ -108,7 +109,7 @@ class ListedDecodeRun:
     def step_s(self, num_steps: int) -> list[float]:
         """`DecodeRun.step_s`."""
         ends = self._ends
-        return [ends[k + 1] - ends[k] for k in range(num_steps)]
+        return list(map(sub, ends[1:num_steps + 1], ends[:num_steps]))
 
     def steps_to_reach(self, time_s: float, max_steps: int) -> int:
         """Fewest steps (>= 1, at most `max_steps`) whose end lies at or after `time_s`."""

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import reduce
-from operator import add
+from itertools import repeat
+from operator import add, mul, truediv
 
 import simpy
 
@@ -182,7 +183,9 @@ def _attribute_run(plan, step_s: list[float], num_decode_tokens: int) -> None:
     """`_attribute` for each step of a pure-decode run, given each step's seconds: the same
     shares (the same float operations), summed exactly."""
     tokens = num_decode_tokens * len(plan.decodes)
-    units = sum([int(num_decode_tokens * (s / tokens) * SHARE_SCALE) for s in step_s])
+    per_token = map(truediv, step_s, repeat(tokens))  # each step's share, as `_attribute` has it
+    units = sum(map(int, map(mul, map(mul, repeat(num_decode_tokens), per_token),
+                             repeat(SHARE_SCALE))))
     if plan.num_group_decodes:
         plan.group.add_units(units)
     for seq in plan.decodes[plan.num_group_decodes:]:

@@ -3,17 +3,18 @@
 A run repeats one pure-decode step: its terms but attention are fixed (`StepTerms`), and step
 k's attention is numpy's sum of one table value per decode, at its context plus k * adv. Two
 ways give the same floats: numpy over a block of steps at once (`price_decode_steps`: gather,
-row sums, term adds; cheap per value, a few microseconds per call), and plain Python floats
-step by step (`price_run_ends`: numpy's pairwise summation spelled out in `pairwise_sum`; no
-per-call cost, dearer per value). Most runs are a few steps over a small batch (an arrival or a
+row sums, term adds; cheap per value, a few microseconds per call), and plain floats added in
+C-level `map`s over the steps (`price_run_ends`: numpy's pairwise summation spelled out in
+`pairwise_sum`; little per-call cost, dearer per value). Most runs are a few steps over a small batch (an arrival or a
 finishing sequence cuts them), and those are priced the second way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
-from functools import reduce
+from functools import partial
+from itertools import accumulate, repeat
 from operator import add
 from typing import NamedTuple
 
@@ -59,32 +60,33 @@ def total_s(terms: tuple[float, ...], attention: float) -> float:
     return sum((*terms[:ATTENTION_AT], attention, *terms[ATTENTION_AT:]))
 
 
-def pairwise_sum(values: list[float]) -> float:
-    """What numpy's `sum` gives for a float64 array of `values` (numpy 1.9+'s pairwise
-    summation): below 8 values added one by one from 0.0; up to `PAIRWISE_BLOCK`, eight
-    running sums over every eighth value, combined as ((0+1)+(2+3))+((4+5)+(6+7)), then the
-    values past the last multiple of 8 added one by one; above, the sums of two halves (the
-    first a multiple of 8 long) added."""
-    n = len(values)
-    add_all = sum if IS_SUM_SEQUENTIAL else _add_in_order
+def pairwise_sum(columns: list[Iterable[float]]) -> Iterator[float]:
+    """Numpy's `sum` of each row of a [rows, len(columns)] float64 array given by its columns,
+    row by row, as plain float adds (each a C-level `map`, so no Python bytecode per value):
+    numpy's pairwise summation. Below 8 values, added one by one (numpy starts from 0.0, which
+    changes no sum of these nonnegative seconds); up to `PAIRWISE_BLOCK`, eight running sums
+    over every eighth value, combined as ((0+1)+(2+3))+((4+5)+(6+7)), then the values past the
+    last multiple of 8 added one by one; above, the sums of two halves (the first a multiple
+    of 8 long) added."""
+    n = len(columns)
     if n < 8:
-        return add_all(values)
+        return _add_in_order(columns)
     if n > PAIRWISE_BLOCK:
         half = n // 2 - n // 2 % 8
-        return pairwise_sum(values[:half]) + pairwise_sum(values[half:])
+        return map(add, pairwise_sum(columns[:half]), pairwise_sum(columns[half:]))
     m = n - n % 8
-    total = ((add_all(values[0:m:8]) + add_all(values[1:m:8]))
-             + (add_all(values[2:m:8]) + add_all(values[3:m:8]))) \
-        + ((add_all(values[4:m:8]) + add_all(values[5:m:8]))
-           + (add_all(values[6:m:8]) + add_all(values[7:m:8])))
-    for value in values[m:]:
-        total += value
-    return total
+    r = [_add_in_order(columns[j:m:8]) for j in range(8)]
+    total = map(add, map(add, map(add, r[0], r[1]), map(add, r[2], r[3])),
+                map(add, map(add, r[4], r[5]), map(add, r[6], r[7])))
+    return _add_in_order([total, *columns[m:]])
 
 
-def _add_in_order(values: list[float]) -> float:
-    # Starting from 0.0 changes no sum of these (nonnegative or nonzero) seconds.
-    return reduce(add, values, 0.0)
+def _add_in_order(columns: list[Iterable[float]]) -> Iterator[float]:
+    """Each row's values added one by one, first column first."""
+    rows = iter(columns[0])
+    for column in columns[1:]:
+        rows = map(add, rows, column)
+    return rows
 
 
 def price_run_ends(terms: StepTerms, table: list[float], contexts: list[int], adv: int,
@@ -92,25 +94,17 @@ def price_run_ends(terms: StepTerms, table: list[float], contexts: list[int], ad
     """The ends of a decode run's first `num_steps` steps from `start_s`, in plain floats: end
     k + 1 is end k plus step k's seconds (`StepPricer.step_s`: the terms before attention,
     attention as numpy sums it, the terms after), step k's decodes at `contexts` + k * adv,
-    one decode's attention at context x being `table[x]`."""
-    ends = [start_s]
-    end, before, after = start_s, terms.before_s, terms.after_s
-    is_sequential = IS_SUM_SEQUENTIAL
-    small = len(contexts) < 8 and is_sequential
-    for shift in range(0, adv * num_steps, adv):
-        if small:  # numpy's sum below 8 values: one by one (here `sum`'s own loop)
-            attention = sum([table[c + shift] for c in contexts])
-        else:
-            attention = pairwise_sum([table[c + shift] for c in contexts])
-        if is_sequential:
-            step = before + attention
-            for term in after:
-                step += term
-        else:
-            step = total_s(terms.terms, attention)
-        end += step
-        ends.append(end)
-    return ends
+    one decode's attention at context x being `table[x]`. Each decode's values over the steps
+    are a slice of the table; the adds run over the steps inside `map` and `accumulate`."""
+    span = adv * num_steps
+    attention = pairwise_sum([table[c:c + span:adv] for c in contexts])
+    if IS_SUM_SEQUENTIAL:
+        steps = map(add, repeat(terms.before_s), attention)
+        for term in terms.after_s:
+            steps = map(add, steps, repeat(term))
+    else:
+        steps = map(partial(total_s, terms.terms), attention)
+    return list(accumulate(steps, initial=start_s))
 
 
 def price_decode_steps(terms: StepTerms, decode_table: Callable[[int], np.ndarray],

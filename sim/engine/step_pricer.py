@@ -44,10 +44,12 @@ from sim.engine.run_pricing import (
 )
 from sim.engine.step_plan import StepPlan
 
-MAX_LISTED_RUN_VALUES = 256
-"""A decode run of at most this many (step, decode) attention values is priced whole when it
-starts, in plain floats; a longer one in numpy chunks as it goes (numpy's calls cost more than
-a short run's values)."""
+MAX_LISTED_RUN_VALUES = 300
+LISTED_RUN_ITEM_STEPS = 6
+"""A decode run of B decodes and S steps with B * (S + `LISTED_RUN_ITEM_STEPS`) at most
+`MAX_LISTED_RUN_VALUES` is priced whole when it starts, in plain floats; a longer one in numpy
+chunks as it goes. (Counted in CPU instructions: numpy's calls cost about 300 plain float adds
+a run, a decode's slice of the table about 6.)"""
 
 MAX_CACHED_CHUNKS = 1 << 16
 """Attention seconds of prompt chunks, replays and re-encodes kept per pricer (cleared when
@@ -334,7 +336,7 @@ class StepPricer:
         cached = self._cached_terms(plan)
         assert cached.everything is None and not plan.prefills and not plan.adapter_load_s
         contexts = self.decode_contexts(plan)
-        if num_steps * contexts.size <= MAX_LISTED_RUN_VALUES:
+        if contexts.size * (num_steps + LISTED_RUN_ITEM_STEPS) <= MAX_LISTED_RUN_VALUES:
             listed = contexts.tolist()
             last = max(listed) + self.adv * (num_steps - 1)
             if last >= len(self._table_list):
