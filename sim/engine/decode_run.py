@@ -74,12 +74,12 @@ class DecodeRun:
             self.price_more(num_steps)
         return float(self._ends[num_steps])
 
-    def step_s(self, num_steps: int) -> list[float]:
+    def step_s(self, num_steps: int) -> np.ndarray:
         """Each of the first `num_steps` steps' seconds as the clock reads them (end minus
         start, as the step-by-step loop subtracts them)."""
         self.end_s(num_steps)
         ends = self._ends[:num_steps + 1]
-        return (ends[1:] - ends[:-1]).tolist()
+        return ends[1:] - ends[:-1]
 
     def steps_to_reach(self, time_s: float, max_steps: int) -> int:
         """Fewest steps (>= 1, at most `max_steps`) whose end lies at or after `time_s`."""
@@ -107,7 +107,7 @@ class ListedDecodeRun:
         return self._ends[num_steps]
 
     def step_s(self, num_steps: int) -> list[float]:
-        """`DecodeRun.step_s`."""
+        """`DecodeRun.step_s`, as a list."""
         ends = self._ends
         return list(map(sub, ends[1:num_steps + 1], ends[:num_steps]))
 

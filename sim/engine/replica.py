@@ -19,6 +19,7 @@ from functools import reduce
 from itertools import repeat
 from operator import add, mul, truediv
 
+import numpy as np
 import simpy
 
 from sim.engine.decode_group import SHARE_SCALE, add_decode_busy, share_units
@@ -93,7 +94,8 @@ class Replica:
                 num_steps = self._run_steps
                 step_s = run.step_s(num_steps)
                 _attribute_run(plan, step_s, self.pricer.num_decode_compute_tokens)
-                self.busy_s = reduce(add, step_s, self.busy_s)
+                self.busy_s = reduce(add, step_s if isinstance(step_s, list)
+                                     else step_s.tolist(), self.busy_s)
             else:
                 num_steps = 1
                 yield env.timeout(self.pricer.step_s(plan))
@@ -179,13 +181,16 @@ def _attribute(plan, elapsed_s: float, num_decode_tokens: int) -> None:
         seq.busy_reencode_s += num_reencode * per_token
 
 
-def _attribute_run(plan, step_s: list[float], num_decode_tokens: int) -> None:
+def _attribute_run(plan, step_s: list[float] | np.ndarray, num_decode_tokens: int) -> None:
     """`_attribute` for each step of a pure-decode run, given each step's seconds: the same
     shares (the same float operations), summed exactly."""
     tokens = num_decode_tokens * len(plan.decodes)
-    per_token = map(truediv, step_s, repeat(tokens))  # each step's share, as `_attribute` has it
-    units = sum(map(int, map(mul, map(mul, repeat(num_decode_tokens), per_token),
-                             repeat(SHARE_SCALE))))
+    if isinstance(step_s, list):  # a short run: C-level maps, no numpy call
+        per_token = map(truediv, step_s, repeat(tokens))
+        units = sum(map(int, map(mul, map(mul, repeat(num_decode_tokens), per_token),
+                                 repeat(SHARE_SCALE))))
+    else:
+        units = share_units(num_decode_tokens * (step_s / tokens))
     if plan.num_group_decodes:
         plan.group.add_units(units)
     for seq in plan.decodes[plan.num_group_decodes:]:
