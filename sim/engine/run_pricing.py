@@ -3,15 +3,15 @@
 A run repeats one pure-decode step: its terms but attention are fixed (`StepTerms`), and step
 k's attention is numpy's sum of one table value per decode, at its context plus k * adv. Two
 ways give the same floats: numpy over a block of steps at once (`price_decode_steps`: gather,
-row sums, term adds; cheap per value, a few microseconds per call), and plain floats added in
-C-level `map`s over the steps (`price_run_ends`: numpy's pairwise summation spelled out in
-`pairwise_sum`; little per-call cost, dearer per value). Most runs are a few steps over a small batch (an arrival or a
+row sums, term adds; cheap per value, a few microseconds per call), and plain floats, a
+compiled expression per step (`price_run_ends`: numpy's pairwise summation spelled out by
+`pairwise_order`; little per-call cost, dearer per value). Most runs are a few steps over a small batch (an arrival or a
 finishing sequence cuts them), and those are priced the second way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import fields
 from functools import partial
 from itertools import accumulate, repeat
@@ -60,33 +60,42 @@ def total_s(terms: tuple[float, ...], attention: float) -> float:
     return sum((*terms[:ATTENTION_AT], attention, *terms[ATTENTION_AT:]))
 
 
-def pairwise_sum(columns: list[Iterable[float]]) -> Iterator[float]:
-    """Numpy's `sum` of each row of a [rows, len(columns)] float64 array given by its columns,
-    row by row, as plain float adds (each a C-level `map`, so no Python bytecode per value):
-    numpy's pairwise summation. Below 8 values, added one by one (numpy starts from 0.0, which
-    changes no sum of these nonnegative seconds); up to `PAIRWISE_BLOCK`, eight running sums
-    over every eighth value, combined as ((0+1)+(2+3))+((4+5)+(6+7)), then the values past the
-    last multiple of 8 added one by one; above, the sums of two halves (the first a multiple
-    of 8 long) added."""
-    n = len(columns)
+def pairwise_order(num_values: int, first: int = 0) -> str:
+    """numpy's `sum` of a float64 array `v` of `num_values` values (from index `first`) as a
+    Python expression whose adds run in numpy's order (its pairwise summation): below 8
+    values, added one by one to 0.0; up to `PAIRWISE_BLOCK`, eight running sums over every
+    eighth value, combined as ((0+1)+(2+3))+((4+5)+(6+7)), then the values past the last
+    multiple of 8 added one by one; above, the sums of two halves (the first a multiple of 8
+    long) added."""
+    n, v = num_values, [f"v[{first + i}]" for i in range(num_values)]
     if n < 8:
-        return _add_in_order(columns)
+        return " + ".join(["0.0", *v])
     if n > PAIRWISE_BLOCK:
         half = n // 2 - n // 2 % 8
-        return map(add, pairwise_sum(columns[:half]), pairwise_sum(columns[half:]))
+        return f"({pairwise_order(half, first)}) + ({pairwise_order(n - half, first + half)})"
     m = n - n % 8
-    r = [_add_in_order(columns[j:m:8]) for j in range(8)]
-    total = map(add, map(add, map(add, r[0], r[1]), map(add, r[2], r[3])),
-                map(add, map(add, r[4], r[5]), map(add, r[6], r[7])))
-    return _add_in_order([total, *columns[m:]])
+    r = [f"({' + '.join(v[j:m:8])})" for j in range(8)]
+    return " + ".join([f"(({r[0]} + {r[1]}) + ({r[2]} + {r[3]})) + "
+                       f"(({r[4]} + {r[5]}) + ({r[6]} + {r[7]}))", *v[m:]])
 
 
-def _add_in_order(columns: list[Iterable[float]]) -> Iterator[float]:
-    """Each row's values added one by one, first column first."""
-    rows = iter(columns[0])
-    for column in columns[1:]:
-        rows = map(add, rows, column)
-    return rows
+_STEP_FUNCTIONS: dict[tuple[int, int], Callable[..., float]] = {}
+
+
+def step_function(num_items: int, num_after: int) -> Callable[..., float]:
+    """f(v, before, *after): a step's seconds from its items' attention `v` (a tuple) and the
+    terms around attention, added as `StepPricer.step_s` adds them: before + attention (summed
+    in numpy's order, `pairwise_order`), then each term after it. Compiled once per shape, so
+    a step costs one call and plain float adds (no numpy call, no loop)."""
+    key = (num_items, num_after)
+    function = _STEP_FUNCTIONS.get(key)
+    if function is None:
+        after = [f"a{i}" for i in range(num_after)]
+        body = " + ".join([f"(b + ({pairwise_order(num_items)}))", *after])
+        namespace: dict = {}
+        exec(f"def step(v, b, {', '.join(after)}):\n    return {body}\n", namespace)  # noqa: S102
+        function = _STEP_FUNCTIONS[key] = namespace["step"]
+    return function
 
 
 def price_run_ends(terms: StepTerms, table: list[float], contexts: list[int], adv: int,
@@ -95,14 +104,15 @@ def price_run_ends(terms: StepTerms, table: list[float], contexts: list[int], ad
     k + 1 is end k plus step k's seconds (`StepPricer.step_s`: the terms before attention,
     attention as numpy sums it, the terms after), step k's decodes at `contexts` + k * adv,
     one decode's attention at context x being `table[x]`. Each decode's values over the steps
-    are a slice of the table; the adds run over the steps inside `map` and `accumulate`."""
+    are a slice of the table, zipped into one tuple per step."""
     span = adv * num_steps
-    attention = pairwise_sum([table[c:c + span:adv] for c in contexts])
+    items = zip(*[table[c:c + span:adv] for c in contexts])
     if IS_SUM_SEQUENTIAL:
-        steps = map(add, repeat(terms.before_s), attention)
-        for term in terms.after_s:
-            steps = map(add, steps, repeat(term))
+        after = terms.after_s
+        steps = map(step_function(len(contexts), len(after)), items, repeat(terms.before_s),
+                    *map(repeat, after))
     else:
+        attention = map(step_function(len(contexts), 0), items, repeat(0.0))
         steps = map(partial(total_s, terms.terms), attention)
     return list(accumulate(steps, initial=start_s))
 

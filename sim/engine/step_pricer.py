@@ -44,12 +44,12 @@ from sim.engine.run_pricing import (
 )
 from sim.engine.step_plan import StepPlan
 
-MAX_LISTED_RUN_VALUES = 300
-LISTED_RUN_ITEM_STEPS = 6
-"""A decode run of B decodes and S steps with B * (S + `LISTED_RUN_ITEM_STEPS`) at most
+MAX_LISTED_RUN_VALUES = 400
+LISTED_RUN_STEP_ITEMS = 10
+"""A decode run of B decodes and S steps with S * (B + `LISTED_RUN_STEP_ITEMS`) at most
 `MAX_LISTED_RUN_VALUES` is priced whole when it starts, in plain floats; a longer one in numpy
-chunks as it goes. (Counted in CPU instructions: numpy's calls cost about 300 plain float adds
-a run, a decode's slice of the table about 6.)"""
+chunks as it goes. (Counted in CPU instructions: a run's numpy calls cost about what 400
+(step, decode) values cost in plain floats, and a plain step about what 10 values cost.)"""
 
 MAX_CACHED_CHUNKS = 1 << 16
 """Attention seconds of prompt chunks, replays and re-encodes kept per pricer (cleared when
@@ -336,14 +336,13 @@ class StepPricer:
         cached = self._cached_terms(plan)
         assert cached.everything is None and not plan.prefills and not plan.adapter_load_s
         contexts = self.decode_contexts(plan)
-        if contexts.size * (num_steps + LISTED_RUN_ITEM_STEPS) <= MAX_LISTED_RUN_VALUES:
+        if num_steps * (contexts.size + LISTED_RUN_STEP_ITEMS) <= MAX_LISTED_RUN_VALUES:
             listed = contexts.tolist()
             last = max(listed) + self.adv * (num_steps - 1)
             if last >= len(self._table_list):
                 self._decode_table(last)
             return ListedDecodeRun(price_run_ends(cached, self._table_list, listed, self.adv,
                                                   start_s, num_steps))
-        contexts = contexts.copy()
         return DecodeRun(start_s, num_steps,
                          partial(price_decode_steps, cached, self._decode_table, contexts,
                                  self.adv), num_items=contexts.size)
