@@ -3,17 +3,18 @@
 A run repeats one pure-decode step: its terms but attention are fixed (`StepTerms`), and step
 k's attention is numpy's sum of one table value per decode, at its context plus k * adv. Two
 ways give the same floats: numpy over a block of steps at once (`price_decode_steps`: gather,
-row sums, term adds; cheap per value, a few microseconds per call), and plain floats, a
-compiled expression per step (`price_run_ends`: numpy's pairwise summation spelled out by
-`pairwise_order`; little per-call cost, dearer per value). Most runs are a few steps over a small batch (an arrival or a
-finishing sequence cuts them), and those are priced the second way.
+row sums, term adds; cheap per value, tens of thousands of instructions per call), and plain
+floats, one compiled expression per step (`price_run_ends`: numpy's pairwise summation spelled
+out by `pairwise_order`; cheap per call, dearer per value). Most runs are a few steps over a
+small batch (an arrival or a finishing sequence cuts them): their first steps are priced the
+second way, and the rest, should a run get that far, the first way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import fields
-from functools import partial
+from functools import partial, reduce
 from itertools import accumulate, repeat
 from operator import add
 from typing import NamedTuple
@@ -47,6 +48,17 @@ class StepTerms(NamedTuple):
     everything: tuple[tuple[str, float], ...] | None
     before_s: float
     after_s: tuple[float, ...]
+
+
+def non_attention_s(cost: StepCost) -> float:
+    """The step's seconds but attention: its other terms summed (so that the value depends on
+    those terms only, not on the float rounding of the attention it leaves out)."""
+    return reduce(add, non_attention_terms(cost))
+
+
+def non_attention_terms(cost: StepCost) -> tuple[float, ...]:
+    """The step's terms but attention (`TERM_NAMES`)."""
+    return tuple(getattr(cost, name) for name in TERM_NAMES)
 
 
 def create_step_terms(terms: tuple[float, ...], everything) -> StepTerms:
@@ -106,7 +118,7 @@ def price_run_ends(terms: StepTerms, table: list[float], contexts: list[int], ad
     one decode's attention at context x being `table[x]`. Each decode's values over the steps
     are a slice of the table, zipped into one tuple per step."""
     span = adv * num_steps
-    items = zip(*[table[c:c + span:adv] for c in contexts])
+    items = zip(*[table[c:c + span:adv] for c in contexts], strict=True)
     if IS_SUM_SEQUENTIAL:
         after = terms.after_s
         steps = map(step_function(len(contexts), len(after)), items, repeat(terms.before_s),

@@ -24,7 +24,6 @@ import numpy as np
 from sim.cost.cost_model import (
     CostCoeffs,
     StepBatch,
-    StepCost,
     _model_terms,
     attention_s_per_item,
     create_step_batch,
@@ -35,11 +34,14 @@ from sim.cost.layer_costs import LayerCosts
 from sim.engine import run_pricing
 from sim.engine.decode_run import DecodeRun, ListedDecodeRun
 from sim.engine.run_pricing import (
+    PAIRWISE_BLOCK,
     TERM_NAMES,
     StepTerms,
     create_step_terms,
+    non_attention_terms,
     price_decode_steps,
     price_run_ends,
+    step_function,
     total_s,
 )
 from sim.engine.step_plan import StepPlan
@@ -63,16 +65,6 @@ def reencode_span(seq) -> tuple[int, int]:
     """(tokens, cached tokens it ends at) of a sequence's encoder-window re-encode."""
     end = seq.num_reencode_context_tokens
     return min(seq.num_reencode_tokens, end), end
-
-
-def non_attention_s(cost: StepCost) -> float:
-    """The step's seconds but attention: its other terms summed (so that the value depends on
-    those terms only, not on the float rounding of the attention it leaves out)."""
-    return reduce(add, _non_attention_terms(cost))
-
-
-def _non_attention_terms(cost: StepCost) -> tuple[float, ...]:
-    return tuple(getattr(cost, name) for name in TERM_NAMES)
 
 
 _SHARED_NON_ATTENTION: dict[str, dict[tuple, StepTerms]] = {}
@@ -183,18 +175,21 @@ class StepPricer:
         and re-encodes if `with_replays`)."""
         has_others = plan.prefills or (with_replays and (plan.replays or plan.reencodes))
         if not plan.decodes:
-            chunks = self._item_attention_s(self._other_items(plan, with_replays))
-            return chunks[0] if len(chunks) == 1 else float(np.array(chunks).sum())
-        contexts = self.decode_contexts(plan)
-        try:  # the table usually covers every context already: no max to take
-            values = self._table[contexts]
-        except IndexError:
-            values = self._decode_table(int(contexts.max()))[contexts]
-        if has_others:
-            chunks = self._item_attention_s(self._other_items(plan, with_replays))
-            num_prefills = len(plan.prefills)
-            values = np.concatenate((chunks[:num_prefills], values, chunks[num_prefills:]))
-        return float(values.sum())
+            values = self._item_attention_s(self._other_items(plan, with_replays))
+        else:
+            contexts = self.decode_contexts(plan).tolist()
+            try:  # the table usually covers every context already: no max to take
+                values = [self._table_list[c] for c in contexts]
+            except IndexError:
+                self._decode_table(max(contexts))
+                values = [self._table_list[c] for c in contexts]
+            if has_others:
+                chunks = self._item_attention_s(self._other_items(plan, with_replays))
+                num_prefills = len(plan.prefills)
+                values = chunks[:num_prefills] + values + chunks[num_prefills:]
+        if len(values) > PAIRWISE_BLOCK:
+            return float(np.array(values).sum())
+        return step_function(len(values), 0)(values, 0.0)  # numpy's sum, in plain floats
 
     def _item_attention_s(self, items: list[tuple[int, int, int, int]]) -> list[float]:
         """Attention seconds of each (tokens, context, first layer, last layer) item, cached
@@ -324,7 +319,7 @@ class StepPricer:
                     terms = _model_terms(self.coeffs, self.profile, batch,
                                          np.ones(batch.num_new_tokens.shape[0], dtype=bool))
                     everything = tuple(terms.items())
-            cached = self._non_attention_s[key] = create_step_terms(_non_attention_terms(cost),
+            cached = self._non_attention_s[key] = create_step_terms(non_attention_terms(cost),
                                                                     everything)
         return cached
 

@@ -7,7 +7,7 @@ import pytest
 from sim.config import EngineLimits
 from sim.cost.cost_model import attention_s_per_item
 from sim.engine import step_pricer
-from sim.engine.decode_group import DecodeGroup, add_decode_busy, share_units
+from sim.engine.decode_group import SHARE_SCALE, DecodeGroup, add_decode_busy, share_units
 from sim.engine.replica import _attribute
 from sim.engine.scheduler import Engine
 from sim.engine.sequence import Sequence
@@ -233,3 +233,14 @@ def test_joining_a_batch_at_once_lays_it_out_as_joining_one_by_one():
         states.append(_group_state(group, 60))
     ids = [[s.seq_id for s in state[0]] for state in states]
     assert ids[0] == ids[1] and states[0][1:] == states[1][1:]
+
+
+@pytest.mark.parametrize("size", (1, 63, 64, 127, 1024, 1025))
+def test_share_units_of_an_array_is_each_shares_units_summed(size):
+    # Long arrays go through their floats' mantissas and exponents (a share under 2**-47 s
+    # has bits below the unit: those arrays go share by share).
+    rng = np.random.default_rng(size)
+    for low, high in ((-5, -2), (-20, 3), (-14.5, -14.4), (-60, -40)):
+        seconds = rng.random(size) * 10.0 ** rng.uniform(low, high, size)
+        seconds[size // 2] = 0.0
+        assert share_units(seconds) == sum(int(s * SHARE_SCALE) for s in seconds.tolist())

@@ -7,9 +7,10 @@ import pytest
 from sim_configs import small_config
 
 from sim.cost.cost_model import DEFAULT_COEFFS, predict_step
+from sim.engine.run_pricing import non_attention_s
 from sim.engine.sequence import Sequence
 from sim.engine.step_plan import StepPlan
-from sim.engine.step_pricer import StepPricer, non_attention_s
+from sim.engine.step_pricer import StepPricer
 from sim.simulate import create_profile
 
 # Every term a count reaches switched on: LoRA kernel grid, per-token gathers, slice launches,

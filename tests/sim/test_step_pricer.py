@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from sim_configs import small_config
 
-from sim.engine.decode_group import DecodeGroup
 from sim.engine import step_pricer
+from sim.engine.decode_group import DecodeGroup
 from sim.engine.decode_run import DecodeRun, ListedDecodeRun, delay_to
 from sim.engine.sequence import Sequence
 from sim.engine.step_plan import StepPlan
