@@ -90,51 +90,27 @@ class DecodeRun:
 
 
 class ListedDecodeRun:
-    """A decode run whose first steps are priced when it starts, in plain floats (`ends[k]`,
-    when the first k steps end; `ends[0]`, the start); should it be asked about later steps
-    (up to `max_steps`), `continue_run(end_s, num_steps, max_steps)` gives a `DecodeRun` of
-    the rest, from the last listed end. `DecodeRun`'s answers."""
+    """A decode run priced whole: `DecodeRun`'s answers from its step ends, a list (`ends[k]`,
+    when the first k steps end; `ends[0]`, the start)."""
 
-    def __init__(self, ends: list[float], max_steps: int | None = None,
-                 continue_run: Callable[[float, int, int], DecodeRun] | None = None):
+    def __init__(self, ends: list[float]):
         self._ends = ends
-        self._num_listed = len(ends) - 1
-        self.start_s = ends[0]
-        self.max_steps = self._num_listed if max_steps is None else max_steps
-        self.num_priced_steps = self._num_listed
-        self._continue_run = continue_run
-        self._rest: DecodeRun | None = None
+        self.start_s, self.max_steps = ends[0], len(ends) - 1
+        self.num_priced_steps = self.max_steps
 
     def price_more(self, up_to_steps: int) -> int:
-        """Price more steps (past the listed ones: the rest's next chunk); the steps priced."""
-        listed = self._num_listed
-        if self.num_priced_steps < min(up_to_steps, self.max_steps):
-            if self._rest is None:
-                self._rest = self._continue_run(self._ends[-1], listed, self.max_steps - listed)
-            self.num_priced_steps = listed + self._rest.price_more(up_to_steps - listed)
+        """Every step is priced already: the steps priced."""
         return self.num_priced_steps
 
     def end_s(self, num_steps: int) -> float:
         """When the first `num_steps` steps end."""
-        if num_steps <= self._num_listed:
-            return self._ends[num_steps]
-        self.price_more(num_steps)
-        return self._rest.end_s(num_steps - self._num_listed)
+        return self._ends[num_steps]
 
     def step_s(self, num_steps: int) -> list[float]:
         """`DecodeRun.step_s`, as a list."""
-        ends, listed = self._ends, self._num_listed
-        if num_steps <= listed:
-            return list(map(sub, ends[1:num_steps + 1], ends[:num_steps]))
-        self.price_more(num_steps)
-        return list(map(sub, ends[1:], ends[:-1])) + \
-            self._rest.step_s(num_steps - listed).tolist()
+        ends = self._ends
+        return list(map(sub, ends[1:num_steps + 1], ends[:num_steps]))
 
     def steps_to_reach(self, time_s: float, max_steps: int) -> int:
         """Fewest steps (>= 1, at most `max_steps`) whose end lies at or after `time_s`."""
-        ends, listed = self._ends, self._num_listed
-        if max_steps <= listed or time_s <= ends[listed]:
-            return min(max(bisect_left(ends, time_s, 0, min(max_steps, listed) + 1), 1),
-                       max_steps)
-        self.price_more(listed + 1)
-        return listed + self._rest.steps_to_reach(time_s, max_steps - listed)
+        return min(max(bisect_left(self._ends, time_s, 0, max_steps + 1), 1), max_steps)

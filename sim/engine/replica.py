@@ -185,12 +185,12 @@ def _attribute_run(plan, step_s: list[float] | np.ndarray, num_decode_tokens: in
     """`_attribute` for each step of a pure-decode run, given each step's seconds: the same
     shares (the same float operations), summed exactly."""
     tokens = num_decode_tokens * len(plan.decodes)
-    if isinstance(step_s, list) and len(step_s) <= 32:  # a short run: no numpy call
+    if isinstance(step_s, list):  # a short run: C-level maps, no numpy call
         per_token = map(truediv, step_s, repeat(tokens))
         units = sum(map(int, map(mul, map(mul, repeat(num_decode_tokens), per_token),
                                  repeat(SHARE_SCALE))))
     else:
-        units = share_units(num_decode_tokens * (np.asarray(step_s) / tokens))
+        units = share_units(num_decode_tokens * (step_s / tokens))
     if plan.num_group_decodes:
         plan.group.add_units(units)
     for seq in plan.decodes[plan.num_group_decodes:]:

@@ -48,14 +48,10 @@ from sim.engine.step_plan import StepPlan
 
 MAX_LISTED_RUN_VALUES = 400
 LISTED_RUN_STEP_ITEMS = 10
-"""A decode run of B decodes prices its first S steps in plain floats, S * (B +
-`LISTED_RUN_STEP_ITEMS`) at most `MAX_LISTED_RUN_VALUES`, and the rest in numpy chunks as it
-goes. (Counted in CPU instructions: a run's numpy calls cost about what 400 (step, decode)
-values cost in plain floats, and a plain step about what 10 values cost.)"""
-
-LISTED_FIRST_EVERY = 8
-"""Where most long runs have lately gone past their listed steps, only every this many long
-runs still starts listed (the others in numpy), to see whether that has changed."""
+"""A decode run of B decodes and S steps is priced whole in plain floats when S * (B +
+`LISTED_RUN_STEP_ITEMS`) is at most `MAX_LISTED_RUN_VALUES`, else in numpy chunks as it goes.
+(Counted in CPU instructions: a run's numpy calls cost about what 400 (step, decode) values
+cost in plain floats, and a plain step about what 10 values cost.)"""
 
 MAX_CACHED_CHUNKS = 1 << 16
 """Attention seconds of prompt chunks, replays and re-encodes kept per pricer (cleared when
@@ -100,9 +96,6 @@ class StepPricer:
         """One decode item's attention seconds by context."""
         self._table_list: list[float] = []
         """`_table` as a list (plain floats for short runs)."""
-        self._num_long_runs = self._num_continued = 0
-        """Runs longer than their listed steps, and how many went past them (halved now and
-        then: recent runs count most)."""
         self.num_predict_calls = 0
         # Per-layer widths the cost model multiplies token counts by: while they are whole
         # numbers, its sums over items are exact (below 2**53), and a plain step is priced from
@@ -333,45 +326,23 @@ class StepPricer:
                    num_steps: int) -> DecodeRun | ListedDecodeRun:
         """The step ends of repeating the pure-decode `plan` up to `num_steps` times from
         `start_s`: step k's decodes at contexts + k * adv, each step priced as `step_s`. A
-        run's first steps, as many as `MAX_LISTED_RUN_VALUES` allows, are priced at once in
-        plain floats, the rest (if it gets that far: most runs are cut short) in numpy
-        chunks; where most runs have gone past their listed steps lately, a long run is
-        priced in numpy chunks from its start."""
+        short run (`MAX_LISTED_RUN_VALUES`) is priced whole at once in plain floats, a longer
+        one in numpy chunks as far as it gets."""
         cached = self._cached_terms(plan)
         assert cached.everything is None and not plan.prefills and not plan.adapter_load_s
         contexts = self.decode_contexts(plan)
-        num_listed = min(num_steps, MAX_LISTED_RUN_VALUES // (contexts.size
-                                                              + LISTED_RUN_STEP_ITEMS))
-        continued = None
-        if num_listed < num_steps:
-            self._num_long_runs += 1
-            if self._num_long_runs % LISTED_FIRST_EVERY and \
-                    2 * self._num_continued > self._num_long_runs:
-                return self._numpy_run(cached, contexts, start_s, 0, num_steps)
-            continued = partial(self._continue_run, cached, contexts)
-        if num_listed < 1:
-            return self._numpy_run(cached, contexts, start_s, 0, num_steps)
+        if num_steps * (contexts.size + LISTED_RUN_STEP_ITEMS) > MAX_LISTED_RUN_VALUES:
+            return self._numpy_run(cached, contexts, start_s, num_steps)
         listed = contexts.tolist()
-        last = max(listed) + self.adv * (num_listed - 1)
+        last = max(listed) + self.adv * (num_steps - 1)
         if last >= len(self._table_list):
             self._decode_table(last)
         return ListedDecodeRun(price_run_ends(cached, self._table_list, listed, self.adv,
-                                              start_s, num_listed), num_steps, continued)
+                                              start_s, num_steps))
 
-    def _continue_run(self, cached: StepTerms, contexts: np.ndarray, start_s: float,
-                      first: int, num_steps: int) -> DecodeRun:
-        self._num_continued += 1
-        if self._num_long_runs >= 64:  # forget slowly: what runs do changes over a simulation
-            self._num_long_runs //= 2
-            self._num_continued //= 2
-        return self._numpy_run(cached, contexts, start_s, first, num_steps)
-
-    def _numpy_run(self, cached: StepTerms, contexts: np.ndarray, start_s: float, first: int,
+    def _numpy_run(self, cached: StepTerms, contexts: np.ndarray, start_s: float,
                    num_steps: int) -> DecodeRun:
-        """The steps first, first + 1, ... of a run (up to `num_steps` of them) from `start_s`,
-        priced in numpy chunks."""
-        if first:
-            contexts = contexts + self.adv * first
+        """A run of up to `num_steps` steps from `start_s`, priced in numpy chunks."""
         return DecodeRun(start_s, num_steps,
                          partial(price_decode_steps, cached, self._decode_table, contexts,
                                  self.adv), num_items=contexts.size)

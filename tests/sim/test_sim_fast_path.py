@@ -269,19 +269,18 @@ def test_indexed_admission_equals_walking_the_queue(monkeypatch, mode):
         assert indexed.stats["num_engine_events"] < walked.stats["num_engine_events"]
 
 
-@pytest.mark.parametrize("runs", ("as chosen", "all listed", "all numpy", "listed first"))
+@pytest.mark.parametrize("runs", ("as chosen", "all listed", "all numpy"))
 def test_fast_equals_reference_on_bench_multilora_above_capacity(runs, monkeypatch):
     # bench_multilora's own case, engine as the real run had it: 64 adapters of the agullo
     # runs over 16 slots, ShareGPT lengths, one Poisson process per adapter at 9 requests/s
     # (the configuration serves about 6/s): the queue grows and waiters are passed over.
     # Decode runs priced as the pricer chooses, or every one in plain floats, or every one in
-    # numpy chunks, or every one's first steps (a few) in plain floats and the rest in numpy.
+    # numpy chunks.
     from bench import bench_multilora as bm
 
     if runs != "as chosen":
         monkeypatch.setattr(step_pricer, "MAX_LISTED_RUN_VALUES",
-                            {"all listed": 10**9, "all numpy": 0, "listed first": 40}[runs])
-        monkeypatch.setattr(step_pricer, "LISTED_FIRST_EVERY", 1)
+                            10**9 if runs == "all listed" else 0)
     cfg = bm.select(bm.load_run_configs(bm.data_file(bm.RUNS_CSV)), [(64, 16)])[0]
     lengths = bm.sharegpt_lengths(bm.data_file(bm.SHAREGPT_CSV))
     workload = bm.workload(cfg, lengths, 9.0, 300, seed=1)

@@ -175,11 +175,10 @@ def test_each_item_of_a_mixed_step_is_in_the_batch_as_what_it_computes():
 
 @pytest.mark.parametrize("adv", (1, 4))
 @pytest.mark.parametrize("start_s", (0.0, 12.345))
-@pytest.mark.parametrize("listed", ("all", "none", "first 7"))
+@pytest.mark.parametrize("listed", (True, False))
 def test_a_decode_run_ends_where_its_steps_end_one_by_one(adv, start_s, listed, monkeypatch):
-    # Priced whole in plain floats, or in numpy chunks, or its first 7 steps in plain floats
-    # and the rest in numpy chunks.
-    _price_listed(monkeypatch, listed, num_decodes=5)
+    # Priced whole in plain floats (a short run), or in numpy chunks.
+    monkeypatch.setattr(step_pricer, "MAX_LISTED_RUN_VALUES", 10**9 if listed else 0)
     fast, reference = _pricers(adv=adv)
     # The last context reaches 4961 + 40 = 5001 at adv 1: past the table's first 4096 entries,
     # at an odd index (a table one entry short would end at 5000).
@@ -187,21 +186,12 @@ def test_a_decode_run_ends_where_its_steps_end_one_by_one(adv, start_s, listed, 
     contexts = np.array([s.num_computed_tokens for s in decodes], np.int64)
     num_steps = 40
     run = fast.decode_run(StepPlan(decodes=decodes), start_s, num_steps)
-    assert isinstance(run, ListedDecodeRun) == (listed != "none")
+    assert isinstance(run, ListedDecodeRun) == listed
     now = start_s
     for step in range(num_steps + 1):  # the clock of the step-by-step path, bit for bit
         assert run.end_s(step) == now, step
         now += reference.step_s(StepPlan(decodes=decodes, decode_contexts=contexts + adv * step))
     assert list(run.step_s(num_steps)) == np.diff([run.end_s(k) for k in range(41)]).tolist()
-
-
-def _price_listed(monkeypatch, listed: str, num_decodes: int) -> None:
-    """Make the pricer list all of a run of `num_decodes` decodes, none of it, or its first 7
-    steps (then numpy), every time."""
-    values = {"all": 10**9, "none": 0,
-              "first 7": 7 * (num_decodes + step_pricer.LISTED_RUN_STEP_ITEMS)}[listed]
-    monkeypatch.setattr(step_pricer, "MAX_LISTED_RUN_VALUES", values)
-    monkeypatch.setattr(step_pricer, "LISTED_FIRST_EVERY", 1)
 
 
 def _first_step_at_or_after(run: DecodeRun, time_s: float, max_steps: int) -> int:
@@ -232,13 +222,13 @@ def test_steps_to_reach_is_the_first_step_that_ends_at_or_after_a_time(shape):
             0.0, n, lambda first, count: step_s[first:first + count]), max_steps)
 
 
-@pytest.mark.parametrize("listed", ("all", "none", "first 7"))
+@pytest.mark.parametrize("listed", (True, False))
 def test_steps_to_reach_in_a_priced_decode_run(listed, monkeypatch):
-    _price_listed(monkeypatch, listed, num_decodes=2)
+    monkeypatch.setattr(step_pricer, "MAX_LISTED_RUN_VALUES", 10**9 if listed else 0)
     fast, _ = _pricers(adv=64)  # contexts grow fast: attention takes over from the constant
     decodes = [_seq(1, 1, 1), _seq(2, 2, 10)]
     assert isinstance(fast.decode_run(StepPlan(decodes=decodes), 3.0, 400),
-                      ListedDecodeRun) == (listed != "none")
+                      ListedDecodeRun) == listed
     _check_steps_to_reach(lambda: fast.decode_run(StepPlan(decodes=decodes), 3.0, 400), 400)
 
 
