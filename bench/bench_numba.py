@@ -9,8 +9,8 @@ left, computed tokens, blocks held, the free blocks). Then, for each recorded ru
 compute: the run's end, where an arrival at 10, 37, 50, 93 and 100% of the run would cut it
 (`steps_to_reach`, each on a fresh run as the simulator does), and the block bound. Every
 float must be equal bit for bit and every step count equal; the script exits 1 otherwise.
-The pure-Python path prices a run's steps in chunks, as far as it is asked; the kernel prices
-them all.
+The pure-Python path prices a short run whole in plain floats and a longer one in numpy chunks,
+as far as it is asked; the kernel prices them all.
 
 Timing: each path over all recorded runs, best of --repeat, numba's compile time apart. The
 machine must be quiet for the seconds to mean anything; `--tiny` only proves it runs.
@@ -85,14 +85,26 @@ def _targets(start_s: float, end_s: float) -> list[float]:
     return [start_s + share * (end_s - start_s) for share in TARGETS]
 
 
+_TABLE_LISTS: dict[int, list[float]] = {}
+"""A recorded table as a list, by the id of its (kept) recording: the simulator keeps both."""
+
+
 def _python_run(start_s, terms, tables, contexts, adv, num_steps):
-    """A fresh `DecodeRun` of the recorded run, as the simulator builds it."""
+    """A fresh run of the recorded run, as the simulator builds it: a short one priced whole
+    in plain floats (`ListedDecodeRun`), a longer one in numpy chunks (`DecodeRun`)."""
     from functools import partial
 
-    from sim.engine.decode_run import DecodeRun
-    from sim.engine.run_pricing import price_decode_steps
+    from sim.engine.decode_run import DecodeRun, ListedDecodeRun
+    from sim.engine.run_pricing import price_decode_steps, price_run_ends
+    from sim.engine.step_pricer import LISTED_RUN_STEP_ITEMS, MAX_LISTED_RUN_VALUES
 
     table = tables[0]
+    if num_steps * (contexts.size + LISTED_RUN_STEP_ITEMS) <= MAX_LISTED_RUN_VALUES:
+        listed = _TABLE_LISTS.get(id(tables))
+        if listed is None:
+            listed = _TABLE_LISTS[id(tables)] = table.tolist()
+        return ListedDecodeRun(price_run_ends(terms, listed, contexts.tolist(), adv, start_s,
+                                              num_steps))
     return DecodeRun(start_s, num_steps, partial(price_decode_steps, terms, lambda _: table,
                                                  contexts, adv), num_items=contexts.size)
 
