@@ -46,12 +46,12 @@ from sim.engine.run_pricing import (
 )
 from sim.engine.step_plan import StepPlan
 
-MAX_LISTED_RUN_VALUES = 400
+MAX_LISTED_RUN_VALUES = 600
 LISTED_RUN_STEP_ITEMS = 10
 """A decode run of B decodes and S steps is priced whole in plain floats when S * (B +
 `LISTED_RUN_STEP_ITEMS`) is at most `MAX_LISTED_RUN_VALUES`, else in numpy chunks as it goes.
-(Counted in CPU instructions: a run's numpy calls cost about what 400 (step, decode) values
-cost in plain floats, and a plain step about what 10 values cost.)"""
+(Counted in CPU instructions: a numpy run's calls, shares and busy time cost about what 600
+(step, decode) values cost in plain floats, and a plain step about what 10 values cost.)"""
 
 MAX_CACHED_CHUNKS = 1 << 16
 """Attention seconds of prompt chunks, replays and re-encodes kept per pricer (cleared when
