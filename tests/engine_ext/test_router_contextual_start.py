@@ -98,6 +98,11 @@ def test_train_with_the_validation_split_caches_its_pass_and_writes_the_card(tmp
     # train (160), test (80) and validation (40): one chunk each
     assert len(list((tmp_path / "ctx").glob("ctxf_*.pt"))) == 3
     assert SPEC.route_layer == card.routing_layer
+    # the timing-only run reads the saved seed-0 head (query term included) and fills the row
+    path = tmp_path / "cards" / "contextual-smollm2-l2-x3-mean-max.json"
+    c.time_card(path, tmp_path / "ctx" / "heads", engine, _tokenize, {"domains4": domains})
+    timed = load_router_card(path).settings[0]
+    assert timed.decision.num_requests == 30 and timed.accuracy_per_seed == row.accuracy_per_seed
 
 
 def test_the_pass_alone_runs_the_asked_splits_in_their_order(tmp_path):
