@@ -47,6 +47,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's sim/, not an installed copy's
+
+from bench.multilora_analysis import cost_growth, growth_row, profile  # noqa: E402
+
 OUT_DIR = REPO / "out" / "bench"
 RUNS_CSV = Path("gpu") / "agullo-dt" / "derived" / "runs_summary.csv"
 SHAREGPT_CSV = (Path("traces") / "length_distributions"
@@ -249,51 +252,6 @@ def _capacity_case(cfg, lengths, num_requests, tokens, queue) -> None:
     queue.put(_capacity(cfg, lengths, num_requests, tokens))
 
 
-def profile(cfg: RunConfig, load: float, num_requests: int, tokens: int, lengths: np.ndarray,
-            capacity: float, top: int = 25) -> str:
-    """cProfile of one case in this process: each function's share of the total (self time
-    and cumulative), which stays meaningful on a loaded machine where seconds do not."""
-    import cProfile
-    import pstats
-
-    from sim.simulate import simulate
-
-    wl = workload(cfg, lengths, load * capacity, num_requests, seed=1)
-    config = sim_config(cfg, tokens)
-    prof = cProfile.Profile()
-    prof.runcall(simulate, config, wl, timeseries_interval_s=10.0)
-    stats = pstats.Stats(prof)
-    total = stats.total_tt
-    lines = [f"{cfg.name} at {load:.0%}, {num_requests} requests: shares of {total:.2f} "
-             f"profiled s"]
-    by_self = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]
-    ours = [kv for kv in stats.stats.items() if f"{os.sep}sim{os.sep}" in kv[0][0]]
-    by_cum = sorted(ours, key=lambda kv: -kv[1][3])[:top]
-    for title, entries in (("by self time", by_self), ("simulator functions by cumulative "
-                                                        "time", by_cum)):
-        lines += ["", title, f"{'self':>6} {'cum':>6} {'calls':>10}  function"]
-        for (path, line, name), (_, calls, self_s, cum_s, _) in entries:
-            where = f"{Path(path).parent.name}/{Path(path).name}:{line}" if line else path
-            lines.append(f"{self_s / total:>6.1%} {cum_s / total:>6.1%} {calls:>10}  {name} "
-                         f"({where})")
-    return "\n".join(lines)
-
-
-def cost_growth(rows: list[dict]) -> dict | None:
-    """Least-squares exponents of CPU microseconds per request in adapters, slots and
-    1 + mean waiting queue (log-log), over every case; None with too few distinct cases."""
-    if len(rows) < 5:
-        return None
-    y = np.log([1e6 * r["cpu_s"] / r["num_requests"] for r in rows])
-    x = np.column_stack([np.ones(len(rows)), np.log([r["num_adapters"] for r in rows]),
-                         np.log([r["max_loras"] for r in rows]),
-                         np.log([1 + r["mean_waiting"] for r in rows])])
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    residual = float(np.abs(x @ coef - y).max())
-    return dict(adapters_exponent=float(coef[1]), slots_exponent=float(coef[2]),
-                queue_exponent=float(coef[3]), max_log_residual=residual)
-
-
 COLUMNS = (("config", "configuration", "{}"), ("load", "load", "{:.0%}"),
            ("num_requests", "requests", "{:,}"), ("requests_per_cpu_s", "req/CPU-s", "{:,.0f}"),
            ("requests_per_wall_s", "req/wall-s", "{:,.0f}"), ("peak_rss_gib", "peak GiB",
@@ -324,9 +282,14 @@ def record(rows: list[dict]) -> None:
 
     loads = [r["load_1m"] for r in rows]
     keys = [key for key, _, _ in COLUMNS if key != "load_1m"]  # each row is stamped with it
-    append_rows("bench_multilora", [{key: r[key] for key in keys} for r in rows],
-                source="python bench/bench_multilora.py " + " ".join(sys.argv[1:]),
-                load_average=f"{min(loads):.1f}-{max(loads):.1f}")
+    values = [{key: r[key] for key in keys} for r in rows]
+    source = "python bench/bench_multilora.py " + " ".join(sys.argv[1:])
+    load_average = f"{min(loads):.1f}-{max(loads):.1f}"
+    append_rows("bench_multilora", values, source=source, load_average=load_average)
+    growth = growth_row(values)
+    if growth is not None:
+        append_rows("bench_multilora_growth", [growth], source=source,
+                    load_average=load_average)
 
 
 def main() -> None:
@@ -342,7 +305,8 @@ def main() -> None:
                         help="token budget per step (the runs' launchers leave it unset)")
     parser.add_argument("--profile", action="store_true",
                         help="profile the first configuration at the first load and size, in "
-                             "this process, and print each function's share (no table)")
+                             "this process, and print each function's share (no table); with "
+                             "--record, append its row to bench_sim_profile.json")
     parser.add_argument("--configs", nargs="+", metavar="ADAPTERS/SLOTS",
                         help="configurations to run, e.g. 64/16 320/16 (default: the grid)")
     parser.add_argument("--record", action="store_true",
@@ -360,7 +324,15 @@ def main() -> None:
     if args.profile:
         cfg, tokens = configs[0], args.max_num_batched_tokens
         capacity = _capacity(cfg, lengths, args.capacity_requests, tokens)
-        print(profile(cfg, args.loads[0], args.sizes[0], tokens, lengths, capacity))
+        wl = workload(cfg, lengths, args.loads[0] * capacity, args.sizes[0], seed=1)
+        text, row = profile(f"{cfg.name} at {args.loads[0]:.0%} of capacity", sim_config(
+            cfg, tokens), wl)
+        print(text)
+        if args.record:
+            from bench.record import append_rows
+
+            append_rows("bench_sim_profile", [row], source="python bench/bench_multilora.py "
+                        + " ".join(sys.argv[1:]))
         return
     from bench.record import machine_description
 
