@@ -15,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.goals import render_goals  # noqa: E402
 from bench.record import (  # noqa: E402
     ROOT,
     BenchmarkResults,
@@ -74,9 +75,12 @@ def render(results: BenchmarkResults) -> str:
 
 
 def render_all(folder: Path) -> str:
-    """The whole page from every results file in `folder`, in file-name order."""
-    sections = [render(load_results(path)) for path in sorted(folder.glob("*.json"))]
-    return "\n".join([HEADER, *sections])
+    """The whole page from every results file in `folder`, in file-name order, after the
+    goals section that reads them."""
+    results = {path.stem: load_results(path) for path in sorted(folder.glob("*.json"))}
+    goals = render_goals(results)
+    sections = [render(r) for r in results.values()]
+    return "\n".join([HEADER, *([goals] if goals else []), *sections])
 
 
 def main(argv: list[str] | None = None) -> int:
