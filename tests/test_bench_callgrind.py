@@ -50,3 +50,15 @@ def test_text_columns_count_by_their_text(hop):
 
     assert result_digest(result(hop)) == result_digest(result("".join(list(hop))))
     assert result_digest(result(hop)) != result_digest(result(hop + "x"))
+
+
+def test_a_run_points_digest_sees_a_last_bit_and_not_the_wall_clock():
+    from bench.callgrind_run import record_digest
+
+    def record(done_s: float, wall_s: float) -> dict:
+        turns = [dict(strategy="s", conv_id=0, done_s=1.5), dict(strategy="s", conv_id=1,
+                                                                  done_s=done_s)]
+        return dict(strategy="s", turns=turns, summary=dict(ttft_p50_s=0.25, wall_s=wall_s))
+
+    assert record_digest(record(2.0, 1.0)) == record_digest(record(2.0, 9.0))
+    assert record_digest(record(2.0, 1.0)) != record_digest(record(np.nextafter(2.0, 3.0), 1.0))
