@@ -37,8 +37,8 @@ def growth_row(recorded: list[dict]) -> dict | None:
                  num_requests=v["num_requests"], mean_waiting=v["mean_waiting"])
             for v in recorded]
     growth = cost_growth(rows)
-    if growth is None:
-        return None
+    if growth is None or len({v["config"] for v in recorded}) < 3:
+        return None  # two configurations cannot tell adapters from slots
     speeds = [v["requests_per_cpu_s"] for v in recorded]
     by_load: dict[float, list[float]] = {}
     for v in recorded:

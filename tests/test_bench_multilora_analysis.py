@@ -46,5 +46,8 @@ def test_the_spread_is_the_largest_ratio_at_one_load():
     assert row["speed"] == "2,500 / 5,000 / 15,000"
 
 
-def test_too_few_cases_give_no_row():
+def test_too_few_cases_or_configurations_give_no_row():
     assert growth_row(recorded(0.0, 0.0, 0.0)[:4]) is None
+    two_configurations = [r for r in recorded(0.0, 0.0, 0.0) if r["config"] in ("64a/16s",
+                                                                                "384a/192s")]
+    assert growth_row(two_configurations * 2) is None
