@@ -54,6 +54,22 @@ def _where(path: str, line: int) -> str:
     return f"{'/'.join(parts[-2:])}:{line}"
 
 
+def profile_row(stats: pstats.Stats, scenario: Path) -> dict:
+    """The run as a row of the profiles table (bench_sim_profile.json): each phase's
+    cumulative share and the largest self-time shares."""
+    total = stats.total_tt
+    phases = []
+    for name, label in PHASES.items():
+        found = [v[3] for (_, _, fn), v in stats.stats.items() if fn == name]
+        if found and name != "run_scenario_file":
+            phases.append(f"{label} {max(found) / total:.0%}")
+    ranked = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:5]
+    own = ", ".join(f"{name} {v[2] / total:.0%}" for (_, _, name), v in ranked)
+    return dict(workload=f"molcap run {scenario} --backend inline (bench.profile_run)",
+                where_time_goes=f"cumulative shares (cProfile): {'; '.join(phases)}; largest "
+                                f"self-time shares: {own}")
+
+
 def share_lines(stats: pstats.Stats, top: int) -> list[str]:
     """The phases, then the `top` functions by cumulative and by self time, as shares of
     the profiled total."""
@@ -81,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("scenario", nargs="?", type=Path, default=Path("scenarios/default.yaml"))
     parser.add_argument("--top", type=int, default=40, help="Functions listed per ranking.")
     parser.add_argument("--stats", type=Path, help="Also write the raw pstats file here.")
+    parser.add_argument("--record", action="store_true",
+                        help="append the phase shares to bench/results/bench_sim_profile.json")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="molcap-profile-") as out_root:
         stats, code = profile_run(args.scenario, Path(out_root))
@@ -89,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(share_lines(stats, args.top)))
     if code:
         print(f"molcap run exited with {code}: the profile is of a failed run", file=sys.stderr)
+    elif args.record:
+        from bench.record import append_rows
+
+        append_rows("bench_sim_profile", [profile_row(stats, args.scenario)],
+                    source="python -m bench.profile_run " + " ".join(
+                        argv if argv is not None else sys.argv[1:]))
     return code
 
 
