@@ -24,7 +24,8 @@ NOTES = {
          "percent of instructions (callgrind table).",
     "b": "Issue 25 measured 6.4 of its 12.4-13.1 s in the capacity plan, the rest imports, "
          "comparisons, the other simulations and the report; `python -m bench.profile_run "
-         "scenarios/default.yaml` gives each phase's share. Its simulations share note (a).",
+         "scenarios/default.yaml --record` puts each phase's share in the profiles table. Its "
+         "simulations share note (a).",
 }
 EXPLAINED = {"multi-LoRA speed": "a", "Vidur ratio": "a", "conversations speed": "a",
              "molcap run default.yaml": "b", "flat in adapters": "a", "memory linear": "a"}
