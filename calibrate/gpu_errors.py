@@ -3,6 +3,7 @@ each measured hour set against the replay's, run by run.
 
     python -m calibrate.gpu_errors [--every 20] [--window-s 180]
     python -m calibrate.gpu_errors --mixed-steps   # measured step vs its price, every run
+    python -m calibrate.gpu_errors --work-fit      # the split-K work term on light runs (E)
 
 Measured: `data/gpu/agullo-dt/engine_metrics.csv` (vLLM's Prometheus gauges, polled every 2 s
 by the benchmark client for the whole hour; `data/gpu/cut_agullo_engine_metrics.py`): median
@@ -25,6 +26,8 @@ from calibrate.gpu_runs import WARMUP_S, WINDOW_S, ServingRun, load_serving_runs
 from calibrate.gpu_samples import DATA_DIR, RUNS_SUMMARY, expected_distinct
 from calibrate.gpu_work_fit import (
     ENGINE_METRICS,
+    fit_working_mac,
+    fitting_rows,
     load_engine_metrics,
     measured_state,
     mixed_step_rows,
@@ -155,7 +158,12 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
     parser.add_argument("--mixed-steps", action="store_true",
                         help="every run's measured step against its price (no replay)")
+    parser.add_argument("--work-fit", action="store_true",
+                        help="fit the split-K work term on light runs (calibrate.gpu_work_fit)")
     args = parser.parse_args(argv)
+    if args.work_fit:
+        print_work_fit()
+        return
     coeffs = load_profile(PROFILES_DIR / f"{PROFILE_NAME}.yaml").coefficients
     if args.mixed_steps:
         for row in mixed_step_table(mixed_step_rows(coeffs)):
@@ -171,6 +179,21 @@ def main(argv=None) -> None:
               + f" step@meas={r['priced_step_at_measured_batch_ms']:.0f}")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+
+
+def print_work_fit() -> None:
+    """Fit `lora_working_mac_s` on top of the shipped step fit and print it (the shipped
+    profile keeps the step fit alone: docs/gpu-errors.md E says why)."""
+    from calibrate.gpu_fit import step_refit
+
+    refit = step_refit()
+    rows = fitting_rows(refit(0.0))
+    runs = {r.run_id: r for r in load_serving_runs(DATA_DIR / RUNS_SUMMARY)}
+    mac, coeffs, summary = fit_working_mac(refit, rows, runs)
+    print({k: round(v, 4) if k != "lora_working_mac_s" else v for k, v in summary.items()})
+    print({k: getattr(coeffs, k) for k in ("lora_working_program_s", "lora_working_mac_s",
+                                            "lora_idle_shrink_program_s",
+                                            "lora_idle_expand_program_s")})
 
 
 def _num(x) -> str:

@@ -1,8 +1,7 @@
 """The host cost of a step scheduled while requests wait (`sim.cost.queue_cost`), fitted on the
-steps of serving runs the validation never scores.
-
-    python -m calibrate.gpu_queue_fit                     # compare the candidates, fit, print
-    python -m calibrate.gpu_queue_fit --held-out 20       # replay every 20th run both ways
+steps of serving runs the validation never scores (`python -m calibrate.gpu_queue_check`
+prints the comparison and replays held-out runs with and without the terms;
+`calibrate.gpu_fit` puts the chosen terms into the shipped profile).
 
 A step of a vLLM 0.8.5 V1 run that holds a queue takes longer than its composition prices
 (docs/gpu-errors.md F). Each run's mean step comes from vLLM's counters and the client's
@@ -19,7 +18,6 @@ first), with or without a queue (those without one hold the terms at their price
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
@@ -41,8 +39,10 @@ CANDIDATES = {
     "sequences": ("queue_step_overhead_s", "queue_per_sequence_s"),
 }
 """Candidate -> its terms' names (`per_arrival_s` has no engine term: it is compared only)."""
-FIT_RULE = (f"test-set runs with engine counters not in the validation's table "
-            f"(index % {HELD_OUT_EVERY} != 0), the measured mean step against its price")
+FIT_RULE = ("the candidate of least RMS log error (per waiting request, per arrival, per "
+            "sequence of the step while requests wait) fitted on the mean measured steps of "
+            "the ml_modelling/test_dataset runs with engine counters outside the validation's "
+            f"table (index % {HELD_OUT_EVERY} != 0; engine_metrics.csv)")
 
 
 def queue_rows(coeffs: CostCoeffs, root: Path = DATA_DIR, held_out: bool = False) -> list[dict]:
@@ -124,71 +124,3 @@ def with_queue_terms(coeffs: CostCoeffs, terms: dict[str, float]) -> CostCoeffs:
     """`coeffs` with the engine's queue terms of `terms` set (others of `terms` ignored)."""
     return coeffs.model_copy(update={k: v for k, v in terms.items() if k in
                                      CostCoeffs.model_fields})
-
-
-def held_out_table(shipped: CostCoeffs, fitted: CostCoeffs, every: int, window_s: float,
-                   workers: int = 1) -> list[dict]:
-    """Every `every`-th test-set run replayed (`calibrate.gpu_validate.run_rows`) with each
-    coefficient set: median |error| and median signed error per metric, by whether the run
-    saturated (TTFT of saturated runs is not scored, as in the validation)."""
-    from calibrate.gpu_validate import METRICS, run_rows
-
-    runs = load_serving_runs(DATA_DIR / RUNS_SUMMARY)[::every]
-    out = []
-    for label, coeffs in (("shipped", shipped), ("queue terms", fitted)):
-        rows = run_rows(coeffs, runs, window_s, workers)
-        for part, chosen in (("every run", rows),
-                             ("unsaturated", [r for r in rows if not r["is_saturated"]]),
-                             ("saturated", [r for r in rows if r["is_saturated"]])):
-            out.append(dict(replay=label, runs=part, num_runs=len(chosen),
-                            **{m: _medians(chosen, m) for m in METRICS}))
-    return out
-
-
-def _medians(rows: list[dict], metric: str) -> tuple[float, float] | None:
-    """(median |error|, median error) of `metric` over `rows`, TTFT of saturated runs left out."""
-    errors = [r["error"][metric] for r in rows if r["error"][metric] is not None
-              and not (metric.startswith("ttft") and r["is_saturated"])]
-    if not errors:
-        return None
-    return float(np.median(np.abs(errors))), float(np.median(errors))
-
-
-def main(argv=None) -> None:
-    from calibrate.gpu_fit import PROFILE_NAME, PROFILES_DIR
-    from sim.cost.profile import load_profile
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--held-out", type=int, default=0, metavar="EVERY",
-                        help="replay every EVERY-th test-set run with and without the terms")
-    parser.add_argument("--window-s", type=float, default=180.0)
-    parser.add_argument("--workers", type=int, default=1)
-    args = parser.parse_args(argv)
-    coeffs = load_profile(PROFILES_DIR / f"{PROFILE_NAME}.yaml").coefficients
-    shipped = coeffs.model_copy(update={k: 0.0 for k in CANDIDATES["waiting"]
-                                        + CANDIDATES["sequences"]})
-    rows = queue_rows(shipped)
-    best, terms, summaries = fit_queue_terms(rows)
-    for row in band_table(rows, summaries):
-        print({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
-    for name, summary in summaries.items():
-        print(name, {k: v if k == "terms" else round(v, 4) if isinstance(v, float) else v
-                     for k, v in summary.items()})
-    print("chosen:", best, terms)
-    held = queue_rows(shipped, held_out=True)
-    for label, values in (("none", [0.0, 0.0]), (best, list(terms.values()))):
-        priced = np.array([r["priced_step_ms"] for r in held]) / 1e3
-        price = priced + term_columns(held, best) @ np.array(values)
-        error = np.array([r["measured_interval_ms"] / 1e3 for r in held]) / price - 1
-        queued = term_columns(held, best)[:, 0] > 0
-        print(f"held-out steps ({len(held)} runs in the table, {int(queued.sum())} queued), "
-              f"{label}: median |error| {np.median(np.abs(error)):.1%}, queued "
-              f"{np.median(np.abs(error[queued])):.1%} (median {np.median(error[queued]):+.1%})")
-    if args.held_out:
-        for row in held_out_table(shipped, with_queue_terms(shipped, terms), args.held_out,
-                                  args.window_s, args.workers):
-            print(row, flush=True)
-
-
-if __name__ == "__main__":
-    main()

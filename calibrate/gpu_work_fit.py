@@ -160,22 +160,3 @@ def fit_working_mac(refit: Callable[[float], CostCoeffs], rows: list[dict],
     return mac, coeffs, dict(lora_working_mac_s=mac, num_runs=float(len(rows)),
                              median_log_error_at_zero=start_bias,
                              median_abs_error=float(np.median(np.abs(np.expm1(final)))))
-
-
-def main() -> None:
-    """Fit the term on top of the shipped step fit and print it (the shipped profile keeps
-    the step fit alone: docs/gpu-errors.md says why)."""
-    from calibrate.gpu_fit import step_refit
-
-    refit = step_refit()
-    rows = fitting_rows(refit(0.0))
-    runs = {r.run_id: r for r in load_serving_runs(DATA_DIR / RUNS_SUMMARY)}
-    mac, coeffs, summary = fit_working_mac(refit, rows, runs)
-    print({k: round(v, 4) if k != "lora_working_mac_s" else v for k, v in summary.items()})
-    print({k: getattr(coeffs, k) for k in ("lora_working_program_s", "lora_working_mac_s",
-                                            "lora_idle_shrink_program_s",
-                                            "lora_idle_expand_program_s")})
-
-
-if __name__ == "__main__":
-    main()
