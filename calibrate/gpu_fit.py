@@ -11,10 +11,13 @@ decode and prefill steps and LoRA-engine steps (memory probes over max_loras and
 distinct-adapter sweep) of Llama-3.1-8B fit the roofline efficiencies, the fixed costs and the
 LoRA kernel-grid terms together. The work term of the kernels' computing programs
 (`lora_working_mac_s`), which these steps cannot tell from their count, stays 0 here;
-`calibrate.gpu_work_fit` fits it on light serving runs (not shipped). Held out, never fitted: the
-distinct-adapter runs at 64, 96, 160 and 192 adapters, the client's batch-1 warm-up steps, and
-every Qwen2.5-7B sample (the same coefficients priced on another model's shapes). Adapter
-activation times (host memory to a device slot) fit the slot-load terms.
+`calibrate.gpu_work_fit` (`python -m calibrate.gpu_errors --work-fit`) fits it on light
+serving runs (not shipped). Held out, never fitted: the distinct-adapter runs at 64, 96, 160
+and 192 adapters, the client's batch-1 warm-up steps, and every Qwen2.5-7B sample (the same
+coefficients priced on another model's shapes). Adapter activation times (host memory to a
+device slot) fit the slot-load terms. The host cost of steps scheduled while requests wait
+(`calibrate.gpu_queue_fit`), which no step sample has, is fitted on the serving runs' mean
+measured steps outside the validation's table.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from calibrate.fitter import (
     fit_host_cache_loads,
     predict_samples,
 )
+from calibrate.gpu_queue_fit import FIT_RULE as QUEUE_RULE
+from calibrate.gpu_queue_fit import fit_queue_terms, queue_rows, with_queue_terms
 from calibrate.gpu_samples import DATA_DIR, MODELS, AgulloSamples, load_agullo_samples
 from sim.cost.cost_model import CostCoeffs, adapter_disk_load_s
 from sim.cost.layer_costs import LayerCosts, create_layer_costs
@@ -161,9 +166,13 @@ def fit_h100_64gb(root: Path = DATA_DIR) -> tuple[FitResult, dict, AgulloSamples
         load_coeffs, load_summary = {**load_coeffs, **disk_coeffs}, {**load_summary,
                                                                      "disk": disk_summary}
     coeffs = CostCoeffs(**result.coeffs.model_copy(update=load_coeffs).model_dump())
+    # The queue's host cost, on the serving runs' measured steps (no step sample has a queue)
+    _, queue_terms, _ = fit_queue_terms(queue_rows(coeffs, root))
+    coeffs = with_queue_terms(coeffs, queue_terms)
     errors = error_rows(coeffs, train, "train", profiles) + error_rows(coeffs, test, "test",
                                                                         profiles)
-    result = FitResult(coeffs=coeffs, terms=result.terms + tuple(load_coeffs),
+    result = FitResult(coeffs=coeffs, terms=result.terms + tuple(load_coeffs)
+                       + tuple(queue_terms),
                        stderr=result.stderr, errors=errors, term_shares=result.term_shares,
                        num_iterations=result.num_iterations)
     return result, load_summary, samples
@@ -198,6 +207,7 @@ def create_h100_64gb_profile(root: Path = DATA_DIR):
         "and every Qwen2.5-7B sample. Adapter loads (predictor_loading, Llama-3.1-8B): "
         "slot loads on upstream's mean activation times; host-cache (disk) loads on the "
         "300 per-load times of the server logs' start-up (Qwen2.5-7B's held out). "
+        f"Queue terms (calibrate.gpu_queue_fit): {QUEUE_RULE}. "
         "Skipped rows: " + "; ".join(samples.skipped))
     return create_calibration_profile(
         result, name=PROFILE_NAME, model="llama-3.1-8b",
