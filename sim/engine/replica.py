@@ -10,6 +10,9 @@ The cut is another timer, not an interrupt: the run waits on an event that which
 current triggers, and a superseded timer finds a newer `_run_id` and does nothing. The
 replica's busy time is added step by step, as the reference adds it; each step's decode share
 goes to the group's exact running sum (`DecodeGroup.add_shares`), as the reference's does.
+Where the coefficients price a queue (`sim.cost.queue_cost`), a step scheduled while requests
+wait is priced step by step with the queue's host time added, and any arrival cuts a run (the
+arrival may wait, and from then on every step pays the queue).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from operator import add, mul, truediv
 import numpy as np
 import simpy
 
+from sim.cost.queue_cost import has_queue_cost, predict_queue_cost
 from sim.engine.decode_group import SHARE_SCALE, add_decode_busy, share_units
 from sim.engine.decode_run import DecodeRun, ListedDecodeRun, delay_to
 from sim.engine.scheduler import Engine
@@ -58,6 +62,8 @@ class Replica:
                  counter: StepCounter, on_sample: Callable[[Replica, float, int], None]):
         self.env, self.index, self.engine, self.pricer = env, index, engine, pricer
         self.counter, self.on_sample = counter, on_sample
+        self.prices_queue = has_queue_cost(pricer.coeffs)
+        """A step's price depends on the requests waiting (`sim.cost.queue_cost`)."""
         self.busy_s = 0.0
         self._wakeup: simpy.Event | None = None
         self._run: DecodeRun | ListedDecodeRun | None = None
@@ -75,8 +81,9 @@ class Replica:
         self.engine.add(seq)
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
-        elif self._run is not None and self.engine.can_start_during_run(seq):
-            self._cut_run()
+        elif self._run is not None and (self.prices_queue
+                                        or self.engine.can_start_during_run(seq)):
+            self._cut_run()  # a waiting request changes the steps' price
 
     def _loop(self):
         env, engine = self.env, self.engine
@@ -89,7 +96,8 @@ class Replica:
             if plan.is_empty:
                 raise SimulationError(_stuck_message(engine))
             start = env.now
-            if self.pricer.is_fast and plan.is_pure_decode:
+            num_waiting = len(engine.waiting) if self.prices_queue else 0
+            if self.pricer.is_fast and plan.is_pure_decode and not num_waiting:
                 run = yield from self._decode_run(plan, start)
                 num_steps = self._run_steps
                 step_s = run.step_s(num_steps)
@@ -98,7 +106,7 @@ class Replica:
                                      else step_s.tolist(), self.busy_s)
             else:
                 num_steps = 1
-                yield env.timeout(self.pricer.step_s(plan))
+                yield env.timeout(self._step_s(plan, num_waiting))
                 self.busy_s += env.now - start
                 _attribute(plan, env.now - start, self.pricer.num_decode_compute_tokens)
             self.counter.add(num_steps)
@@ -106,6 +114,15 @@ class Replica:
             finished = engine.commit(plan, num_steps, env.now)
             if finished:
                 self._notify(finished)
+
+    def _step_s(self, plan, num_waiting: int) -> float:
+        """Seconds of one step of `plan` scheduled with `num_waiting` requests left waiting:
+        the batch's price, then the host time the queue adds (it does not overlap the GPU)."""
+        step_s = self.pricer.step_s(plan)
+        if num_waiting:
+            step_s += predict_queue_cost(self.pricer.coeffs, num_waiting,
+                                         len(plan.decodes) + len(plan.prefills)).total_s
+        return step_s
 
     def _notify(self, finished: list[Sequence]) -> None:
         """Run each finished sequence's `on_done` from one event now, in order, after this
