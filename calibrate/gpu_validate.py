@@ -262,11 +262,11 @@ NOTES = """## What the errors say
   running requests with the KV pool full), which the replay now starts from instead of a
   thinned rate from an empty engine. TTFT p99's miss was this load (every 20th run: 77% ->
   32% median |error|, signed -77% -> -1%); saturated TPOT's third-fast miss was the smaller
-  simulated batch (37% -> 28%), which leaves saturated capacity about 12% high: at the
-  measured composition the profile prices the steps of runs with a queue 1.2-1.5x too cheap,
-  and those of runs without one within 0-5% whatever their size (`docs/gpu-errors.md`, F):
-  not the steps above the 512-token CUDA graphs, not the LoRA terms, but a cost of the queue
-  itself, not modelled. ShareGPT's real first turns (`lengths="sharegpt"` in
+  simulated batch (37% -> 28%). The step fit alone prices the steps of runs with a queue
+  1.2-1.5x too cheap, those without one within 0-5% (`docs/gpu-errors.md`, F): a cost of the
+  queue, 54 us per sequence of a step while requests wait, fitted on 615 runs outside this
+  table (`calibrate.gpu_queue_fit`), now in the profile: every 20th run's TPOT p50 23.3% ->
+  9.8%, p99 46.9% -> 36.1%, the rest equal. ShareGPT's real first turns (`lengths="sharegpt"` in
   `calibrate.gpu_runs`) bring TTFT p50 25% -> 17% and TPOT p99 48% -> 35% on every 20th
   run, but are not the default: with them the run-level fit's synthetic round trip does not
   recover its coefficients (it stays at its start).
