@@ -49,22 +49,24 @@ search:
 analysis: {context_tokens: [512], decode_tokens_per_turn: [16], adapters_visited: [1]}
 """
 """30 requests/s of a Punica mix over 2 adapter slots. Priced by the shipped GPU profiles (both
-with their dense part fitted on vidur's operator times), a replica's TPOT p99 is about 11.3-11.6
-ms on an H100 and 17.1-17.5 ms on an A100 (cheaper per hour, slower per token) whatever the
-replica count; TTFT p99 (requests waiting for a slot) falls as replicas are added: H100
-3.20/2.34/1.63/1.19/0.95 s at 1-5 replicas, A100 5.63/5.66/4.42/3.23/2.29/1.96/1.48/1.08 s at
-1-8. Per dollar the H100 reaches any TTFT below 5.6 s more cheaply, so the A100 wins only
-where one replica of it is enough."""
+with their dense part fitted on vidur's operator times and the queue's host cost of the H100
+fit), a replica's TPOT p99 is about 11.6-13.0 ms on an H100 and 17.6-19.0 ms on an A100 (cheaper
+per hour, slower per token), falling a little as replicas are added; TTFT p99 (requests waiting
+for a slot) falls as replicas are added: H100 5.28/2.38/1.64/1.06/0.65 s at 1-5 replicas, A100
+5.71/4.85/3.88/4.03/2.45/1.13/1.64/0.92 s at 1-8. Per dollar the H100 reaches any TTFT below
+5.7 s more cheaply, so the A100 wins only where one replica of it is enough."""
 
 CASES = {
-    # TTFT binds: H100 x4 misses (1.19 s), x5 meets (0.95 s); no A100 count meets 1 s.
+    # TTFT binds: H100 x4 misses (1.06 s), x5 meets (0.65 s); A100 x8 meets 1 s (0.92 s) but
+    # costs more (12.8 against 12.5 $/h).
     "ttft binds, five replicas": ("{ttft_p99_s: 1.0, tpot_p99_s: 0.05}", ("H100-SXM", 5)),
-    # TPOT binds: the A100's p99 TPOT (17.06-17.47 ms) misses 16.9 ms by about 1% at any
-    # replica count, so the dearer H100 wins, one replica meeting the loose TTFT.
+    # TPOT binds: the A100's p99 TPOT (17.57-18.99 ms) misses 17.4 ms by about 1% or more at
+    # any replica count, so the dearer H100 wins, one replica meeting the loose TTFT.
     "cheaper gpu misses tpot by a small margin": (
-        "{ttft_p99_s: 6.0, tpot_p99_s: 0.0169}", ("H100-SXM", 1)),
-    # Above the A100's TPOT, TTFT 5.7 s: one A100 (1.6 $/h, 5.63 s) beats one H100 (2.5 $/h).
-    "cheaper gpu meets tpot": ("{ttft_p99_s: 5.7, tpot_p99_s: 0.0176}", ("A100-80GB", 1)),
+        "{ttft_p99_s: 6.0, tpot_p99_s: 0.0174}", ("H100-SXM", 1)),
+    # Above one A100's TPOT, TTFT 5.8 s: one A100 (1.6 $/h, 5.71 s, 18.99 ms) beats one H100
+    # (2.5 $/h).
+    "cheaper gpu meets tpot": ("{ttft_p99_s: 5.8, tpot_p99_s: 0.0192}", ("A100-80GB", 1)),
 }
 
 
