@@ -20,8 +20,9 @@ NOTES = {
          "engine loop's per-event Python work, the decode group and step pricing, no single "
          "function far ahead of the rest, so no one change in Python closes a 2-5x gap. A "
          "compiled decode-run loop measured 5.2x on that loop alone (numba table), one part of "
-         "the whole. Exactness (the fast path equal to the reference bit for bit) costs a few "
-         "percent of instructions (callgrind table).",
+         "the whole. Exactness (the fast path equal to the reference bit for bit) costs "
+         "instructions too: 1.05x on Punica, 1.10x on conversations and 1.22x on default.yaml's "
+         "simulations (callgrind table).",
     "b": "Issue 25 measured 6.4 of its 12.4-13.1 s in the capacity plan, the rest imports, "
          "comparisons, the other simulations and the report; `python -m bench.profile_run "
          "scenarios/default.yaml --record` puts each phase's share in the profiles table. Its "
