@@ -193,8 +193,7 @@ def _attention_terms(c: CostCoeffs, p: LayerCosts, num_new, num_context, first,
 def attention_s_per_item(c: CostCoeffs, p: LayerCosts, num_new, num_context, first,
                          last) -> np.ndarray:
     """Attention seconds of each item (arrays broadcast): `num_new` tokens attending over
-    `num_context` cached tokens through layers [first, last), its kinds of layer added in
-    order. `predict_step` sums these over the items."""
+    `num_context` cached tokens through layers [first, last), its kinds of layer in order."""
     terms = _attention_terms(c, p, num_new, num_context, first, last)
     return terms[0] if len(terms) == 1 else sum(terms[1:], terms[0])
 
