@@ -92,7 +92,7 @@ CONTEXTUAL_FEATURES = ("--train-per-class", "1000000", "--untimed", *FEATURE_SET
 """Contextual MoL over the same feature set (card contextual-smollm2-l8-x6-mean-max): options
 read in the query's context at layer 8, the whole training splits, length and weight decay
 chosen on a validation carve; decision times pending (`python -m
-engine_ext.routers.run_contextual --time-card CARD` on a quiet machine)."""
+engine_ext.routers.contextual_timing --time-card CARD` on a quiet machine)."""
 
 
 CONTEXTUAL_SPLIT = ("--contextual-validation", "split", "--contextual-start-l2", "0.01", "0.03",

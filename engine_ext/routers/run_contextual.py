@@ -266,7 +266,7 @@ def run_feature_card(args, sets, engine, tokenize, write_card,
                head_text + (_split_text(grid) if grid.get("validation") == "split" else
                             _carve_text(grid)) + "; ".join(how)
                + ("; decision times pending (not timed on a loaded machine: "
-                  "python -m engine_ext.routers.run_contextual --time-card CARD)"
+                  "python -m engine_ext.routers.contextual_timing --time-card CARD)"
                   if args.untimed else ""),
                [sets[n] for n in args.settings])
 
@@ -326,64 +326,3 @@ def candidates_text(choice: dict) -> str:
     return f"validation on {choice['num_val']} carved rows, (epochs, decay, query term): " + \
         "; ".join(f"{key} {pct(acc)}% [{' '.join(pct(x) for x in choice['curves'][key])}]"
                   for key, acc in choice["validation"].items())
-
-
-def time_card(card_path: Path, heads_dir: Path, engine, tokenize, sets: dict) -> None:
-    """Timing only: time the decisions of a feature-set card's rows with the seed-0 heads its
-    training kept, and write them (and this machine as the card's hardware) into the card."""
-    from safetensors.torch import load_file
-
-    from engine_ext.routers.layer_cache import FeatureSpec
-    from engine_ext.routers.measure import hardware
-    from sim.strategies.router_card import load_router_card, write_router_card
-
-    card = load_router_card(card_path)
-    spec = spec_of(card.training, FeatureSpec)
-    rows = []
-    for row in card.settings:
-        state = load_file(str(head_file(heads_dir, card.name, row.setting)))
-        head = ContextualHead(state["q.weight"].shape[1], D_HEAD,
-                              d_option=state["k.weight"].shape[1],
-                              num_options=state["query_logits.weight"].shape[0]
-                              if "query_logits.weight" in state else None)
-        head.load_state_dict(state)
-        head.eval()
-        decision = time_feature_decisions(engine, head, spec, sets[row.setting], tokenize)
-        rows.append(row.model_copy(update={"decision": decision}))
-        print(f"timed {card.name} {row.setting}: p50 {decision.p50_ms:.2f} ms", flush=True)
-    write_router_card(card.model_copy(update={"settings": tuple(rows),
-                                              "hardware": hardware()}), card_path)
-    print(f"wrote {card_path}")
-
-
-def spec_of(training: str, spec_type):
-    """The feature set a card's training text names ('... the feature set L-1,0,8 mean+max
-    (...')."""
-    if "the feature set " not in training:
-        raise ValueError("the card's training text names no feature set: not a feature-set card")
-    layers, poolings = training.split("the feature set ", 1)[1].split(" (", 1)[0].split(" ")
-    return spec_type(tuple(int(x) for x in layers.removeprefix("L").split(",")),
-                     tuple(poolings.split("+")))
-
-
-def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Contextual MoL feature-set cards: timing only")
-    parser.add_argument("--time-card", type=Path, required=True)
-    parser.add_argument("--heads", type=Path,
-                        default=FEATURE_CACHE / "heads")
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    from engine_ext.data import default_text_dir
-    from engine_ext.routers.settings import load_settings
-    from engine_ext.routers.states import load_route_engine, turn_ids
-
-    engine, tokenizer = load_route_engine()
-    time_card(args.time_card, args.heads, engine, lambda t: turn_ids(tokenizer, t),
-              load_settings(default_text_dir()))
-
-
-if __name__ == "__main__":
-    main()

@@ -120,6 +120,7 @@ def test_the_feature_card_trains_on_the_whole_split_and_the_timing_only_run_fill
         tmp_path, monkeypatch, query_term):
     from engine_ext.routers import run_contextual as c
     from engine_ext.routers.backbones import Backbone
+    from engine_ext.routers.contextual_timing import time_card
     from engine_ext.routers.train import run_contextual
     from sim.strategies.router_card import load_router_card
 
@@ -150,7 +151,7 @@ def test_the_feature_card_trains_on_the_whole_split_and_the_timing_only_run_fill
     assert row.work.num_prefill_tokens == sum(len(_tokenize(" " + n)) for n in
                                               ("chat", "code", "legal", "prose"))
     assert row.accuracy_mean > 0.4  # chance 0.25
-    c.time_card(path, tmp_path / "ctx" / "heads", engine, _tokenize, {"domains4": domains})
+    time_card(path, tmp_path / "ctx" / "heads", engine, _tokenize, {"domains4": domains})
     timed = load_router_card(path)
     assert timed.settings[0].decision.num_requests == 30
     assert timed.settings[0].accuracy_per_seed == row.accuracy_per_seed

@@ -5,6 +5,7 @@ were chosen on the validation split's cached pass."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from test_contextual_features import SPEC, _args, _engine, _tokenize
 
@@ -75,6 +76,7 @@ def test_train_with_the_validation_split_caches_its_pass_and_writes_the_card(tmp
                                                                            monkeypatch):
     from engine_ext.routers import run_contextual as c
     from engine_ext.routers.backbones import Backbone
+    from engine_ext.routers.contextual_timing import time_card
     from engine_ext.routers.train import run_contextual
     from sim.strategies.router_card import load_router_card
 
@@ -100,9 +102,41 @@ def test_train_with_the_validation_split_caches_its_pass_and_writes_the_card(tmp
     assert SPEC.route_layer == card.routing_layer
     # the timing-only run reads the saved seed-0 head (query term included) and fills the row
     path = tmp_path / "cards" / "contextual-smollm2-l2-x3-mean-max.json"
-    c.time_card(path, tmp_path / "ctx" / "heads", engine, _tokenize, {"domains4": domains})
-    timed = load_router_card(path).settings[0]
-    assert timed.decision.num_requests == 30 and timed.accuracy_per_seed == row.accuracy_per_seed
+    heads = tmp_path / "ctx" / "heads"
+    time_card(path, heads, engine, _tokenize, {"domains4": domains})
+    timed = load_router_card(path)
+    assert timed.settings[0].decision.num_requests == 30
+    assert timed.settings[0].accuracy_per_seed == row.accuracy_per_seed
+    assert "pending" not in timed.training and "its saved seed-0 head" in timed.training
+    # without its saved head, a row is timed with a head of its recorded shape only when asked
+    for saved in heads.glob("*.safetensors"):
+        saved.unlink()
+    with pytest.raises(FileNotFoundError):
+        time_card(path, heads, engine, _tokenize, {"domains4": domains})
+    time_card(path, heads, engine, _tokenize, {"domains4": domains}, shape_only=True)
+    reshaped = load_router_card(path)
+    assert reshaped.settings[0].decision.num_requests == 30
+    assert reshaped.settings[0].work == row.work
+    assert "a head of its recorded shape" in reshaped.training
+
+
+def test_a_head_is_rebuilt_from_its_recorded_size_or_refused():
+    from types import SimpleNamespace
+
+    from engine_ext.routers.contextual_timing import _head_of_shape
+    from engine_ext.routers.mol2 import num_params
+    from engine_ext.routing import ContextualHead
+
+    width = len(SPEC.layers) * len(SPEC.poolings) * D_OPTION
+    for num_options in (None, 5):  # with and without the query-only term
+        size = num_params(ContextualHead(width, 64, d_option=D_OPTION, num_options=num_options))
+        row = SimpleNamespace(setting="s", num_options=5,
+                              work=SimpleNamespace(num_head_params=size))
+        head = _head_of_shape(row, SPEC, D_OPTION)
+        assert num_params(head) == size and (head.query_logits is None) == (num_options is None)
+    row.work.num_head_params = size + 1
+    with pytest.raises(ValueError, match="no head of"):
+        _head_of_shape(row, SPEC, D_OPTION)
 
 
 def test_the_pass_alone_runs_the_asked_splits_in_their_order(tmp_path):
