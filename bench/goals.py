@@ -16,9 +16,11 @@ MIN_VIDUR_RATIO = 20.0
 MIN_CONVERSATIONS_SPEED = 10_000.0
 MAX_RUN_S = 5.0
 NOTES = {
-    "a": "The profiles table ('Where the simulator's time goes'): the time is spread over the "
-         "engine loop's per-event Python work, the decode group and step pricing, no single "
-         "function far ahead of the rest, so no one change in Python closes a 2-5x gap. A "
+    "a": "The profiles table ('Where the simulator's time goes'; the multi-LoRA rows of "
+         "2026-12-04, 64a/16s at 150% and 384a/32s at 50% of capacity, 20,000 requests): the "
+         "time is spread over the engine loop's per-step Python work (scheduling 15-26% "
+         "cumulative, step pricing 21-26%, decode runs 16-19%), no function above 5% of self "
+         "time, so no one change in Python closes a 2-5x gap. A "
          "compiled decode-run loop measured 18.5x on that loop alone (numba table; 5.2x before "
          "the exact fast path, whose pure-Python loop took 2.44 s there against 0.66 s), one "
          "part of the whole. Exactness (the fast path equal to the reference bit for bit) costs "
