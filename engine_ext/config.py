@@ -108,6 +108,18 @@ PRESETS: dict[str, EngineConfig] = {
         kv_source_layers=(2, 8, 14, 20), index_layers=(2, 8, 14, 20, 24, 28, 32, 36),
         window=128, d_latent=32, d_index=16, num_index_heads=1, index_topk=64,
     ),
+    # SmolLM2-135M-Instruct's shape (its config: 30 layers, d_model 576, 9 query heads, d_ff
+    # 1536, rope_theta 100000, rms_norm_eps 1e-5 as float32), its layers 0..8 the encoder:
+    # `engine_ext.ced.from_smollm2` loads its weights (3 KV heads repeated per group, exact).
+    # The first index layer is 9, so no encoder layer reads global KV: the encoder is SmolLM2's
+    # causal attention cut to the window W = 128 (the reference W; the routing texts are at
+    # most 48 tokens). Layer 9 compresses to 128-wide latents, indexed by 2 x 64-wide heads.
+    "smollm2_ced": EngineConfig(
+        vocab_size=49152, d_model=576, num_heads=9, d_ff=1536, num_layers=30,
+        num_encoder_layers=9, kv_source_layers=(9,), index_layers=(9, 14, 19, 24), window=128,
+        d_latent=128, d_index=64, num_index_heads=2, index_topk=64, rope_theta=100000.0,
+        norm_eps=1e-5,
+    ),
 }
 
 
