@@ -79,3 +79,48 @@ def test_the_probe_rows_join_the_baselines_and_the_table_text(tmp_path):
                             "tfidf": {"domains4|heads": 0.8}})
     assert "**domains4**, heads (120 training rows, 60 test; TF-IDF 80.0)" in text
     assert f"| 2 | {100 * mean[2]:.1f} |" in text
+
+
+def test_states_are_cached_per_text_and_shared_across_splits(tmp_path):
+    from engine_ext.data import encode
+    from engine_ext.routers.ced_probe import cached_pooled
+
+    engine = _byte_engine()
+    texts = [f"query {i}" for i in range(7)]
+    logs: list[str] = []
+    first = cached_pooled(engine, texts[:5], "stamp", tmp_path, log=lambda m, **_: logs.append(m))
+    again = cached_pooled(engine, texts[3:] + texts[:1], "stamp", tmp_path,
+                          log=lambda m, **_: logs.append(m))
+    assert logs == ["ced states: 5/5 texts", "ced states: 2/2 texts"]  # only the new texts
+    direct = pooled_layers(engine, [encode(t) for t in texts[3:] + texts[:1]])
+    for name in ("mean", "max"):
+        np.testing.assert_allclose(again[name], direct[name], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(again[name][:, 4], first[name][:, 0])  # read back
+    cached_pooled(engine, texts, "other model", tmp_path, log=lambda m, **_: logs.append(m))
+    assert logs[-1] == "ced states: 7/7 texts"  # another model's stamp shares nothing
+
+
+def test_a_nine_layer_encoder_gets_the_smollm2_routers_feature_set_and_runs_render_apart():
+    from engine_ext.data import encode
+    from engine_ext.routers.ced_probe import ROUTER_FEATURES, side_by_side
+
+    torch.manual_seed(0)
+    cfg = get_preset("tiny").model_copy(update={
+        "vocab_size": 260, "num_layers": 10, "num_encoder_layers": 9, "kv_source_layers": (9,),
+        "index_layers": (9,)})
+    engine = CEDEngine(CEDForCausalLM(cfg).eval())
+    domains = domains4_set({"train": 10, "val": 1, "test": 5}, max_bytes=40_000)
+    train = pooled_layers(engine, [encode(t) for t in domains.train.texts])
+    test = pooled_layers(engine, [encode(t) for t in domains.test.texts])
+    both = side_by_side(train, [-1, 8])
+    np.testing.assert_array_equal(both, np.concatenate(
+        [train["mean"][0], train["mean"][9], train["max"][0], train["max"][9]], axis=1))
+    cells = probe_cells(train, test, domains, "heads")
+    assert [c["layer"] for c in cells[-2:]] == ["all", "L" + ",".join(map(str, ROUTER_FEATURES))]
+    run = {"model": "smollm2_ced", "command": "d", "routing_layer": 8, "cells": cells,
+           "tfidf": {}, "cost": {"load wall/CPU s": "9 / 6"}}
+    old = {"command": "c", "routing_layer": 2, "cells": cells[:-1], "tfidf": {}}
+    text = render_markdown({"runs": {"ced-small": old, "smollm2_ced": run}})
+    assert text.index("## ced-small") < text.index("## smollm2_ced")
+    assert "Layers -1,0,2,4,6,8 side by side, mean + max" in text
+    assert "Cost (load wall/CPU s 9 / 6)" in text
