@@ -174,7 +174,8 @@ def probe_cells(train: dict, test: dict, routing_set, sample: str) -> list[dict]
 
 def baseline_rows(cells: list[dict], routing_layer: int, model: str = "ced-small") -> list:
     """Reference rows for the router table: the mean-pooled probe at the routers' layer and
-    at the best single layer, on the routers' training rows ('heads')."""
+    at the best single layer, on the routers' training rows ('heads'), and the ROUTER_FEATURES
+    set where probed, on the most rows it was probed on."""
     from engine_ext.routers.baselines import BaselineResult
 
     rows = []
@@ -188,6 +189,12 @@ def baseline_rows(cells: list[dict], routing_layer: int, model: str = "ced-small
             c = mean[layer]
             rows.append(BaselineResult(f"probe_{model}_L{layer}", setting, "heads", 0,
                                        c["num_train"], c["num_test"], c["accuracy"], 0.0))
+        for label in dict.fromkeys(c["layer"] for c in cells if str(c["layer"])[0] == "L"):
+            # the feature set on the most training rows probed (the whole split if run)
+            c = max((c for c in cells if (c["setting"], c["layer"]) == (setting, label)),
+                    key=lambda c: c["num_train"])
+            rows.append(BaselineResult(f"probe_{model}_{label} mean+max", setting, c["sample"],
+                                       0, c["num_train"], c["num_test"], c["accuracy"], 0.0))
     return rows
 
 
@@ -293,7 +300,7 @@ def run_probe(args, engine, tokenize, stamp: str, refs: list[dict]) -> dict:
     from engine_ext.data import default_text_dir
     from engine_ext.routers.settings import load_settings
 
-    cells, options, tfidf = [], {}, {}
+    cells, options, tfidf, distinct = [], {}, {}, set()
     states, probes = [0.0, 0.0], [0.0, 0.0]
     for sample in args.samples:
         sets = load_settings(default_text_dir(), SAMPLES[sample])
@@ -306,6 +313,7 @@ def run_probe(args, engine, tokenize, stamp: str, refs: list[dict]) -> dict:
             train, test = (cached_pooled(engine, split.texts, stamp, args.cache, tokenize)
                            for split in (routing_set.train, routing_set.test))
             states = [a + b for a, b in zip(states, _since(start), strict=True)]
+            distinct.update(routing_set.train.texts + routing_set.test.texts)
             start = _clock()
             found = probe_cells(train, test, routing_set, sample)
             probes = [a + b for a, b in zip(probes, _since(start), strict=True)]
@@ -316,7 +324,8 @@ def run_probe(args, engine, tokenize, stamp: str, refs: list[dict]) -> dict:
             print(f"ced probe {name} {sample}: " + ", ".join(
                 f"{_label(c['layer'])} {c['pooling']} {100 * c['accuracy']:.1f}" for c in found),
                 flush=True)
-    cost = {"state pass wall/CPU s": f"{states[0]:.0f} / {states[1]:.0f}",
+    cost = {"distinct texts": f"{len(distinct):,}",
+            "state pass wall/CPU s": f"{states[0]:.0f} / {states[1]:.0f}",
             "probes wall/CPU s": f"{probes[0]:.0f} / {probes[1]:.0f}"}
     return {"cells": cells, "options": options, "tfidf": tfidf, "cost": cost}
 

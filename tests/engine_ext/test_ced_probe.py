@@ -117,6 +117,11 @@ def test_a_nine_layer_encoder_gets_the_smollm2_routers_feature_set_and_runs_rend
         [train["mean"][0], train["mean"][9], train["max"][0], train["max"][9]], axis=1))
     cells = probe_cells(train, test, domains, "heads")
     assert [c["layer"] for c in cells[-2:]] == ["all", "L" + ",".join(map(str, ROUTER_FEATURES))]
+    full = [c | {"sample": "full", "num_train": 999, "accuracy": 0.5} for c in cells]
+    rows = {r.method: r for r in baseline_rows(cells + full, 8, "m")}
+    feature_row = rows["probe_m_L-1,0,2,4,6,8 mean+max"]
+    assert (feature_row.sample, feature_row.num_train, feature_row.accuracy) == ("full", 999, 0.5)
+    assert rows["probe_m_L8"].sample == "heads"
     run = {"model": "smollm2_ced", "command": "d", "routing_layer": 8, "cells": cells,
            "tfidf": {}, "cost": {"load wall/CPU s": "9 / 6"}}
     old = {"command": "c", "routing_layer": 2, "cells": cells[:-1], "tfidf": {}}
