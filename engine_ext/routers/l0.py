@@ -89,26 +89,39 @@ class LowerStates:
     """Layer-k output of padded request+label sequences after the prefix, with the loss mask."""
 
     states: torch.Tensor
-    """[N, T, D] output of layer k (adapter-free)."""
+    """[N, T, D] output of layer k (adapter-free; zero beyond each sequence's length)."""
     tokens: torch.Tensor
     """[N, T] ids."""
     loss_mask: torch.Tensor
     """[N, T] True where position t predicts a label token tokens[t+1]."""
+    lengths: torch.Tensor
+    """[N] request+label tokens of each sequence (a batch runs up to its longest only)."""
+
+    def batch(self, pick: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """States, ids and loss mask of samples `pick`, cut at their longest sequence (right
+        padding is exact for a causal model: no real position attends to a later pad)."""
+        t = int(self.lengths[pick].max())
+        return self.states[pick, :t], self.tokens[pick, :t], self.loss_mask[pick, :t]
 
 
 @torch.no_grad()
 def lower_states(engine: DecoderOnlyEngine, prefix: PrefixCache, prompts: RoutePrompts,
                  batch: int = 16) -> LowerStates:
-    """Teacher-forced request+label sequences through layers 0..k after the prefix, once."""
+    """Teacher-forced request+label sequences through layers 0..k after the prefix, once
+    (batched by similar length, each batch to its longest sequence)."""
     seqs = [r + t for r, t in zip(prompts.requests, prompts.targets, strict=True)]
     tokens, real = pad_token_lists(seqs)
     mask = torch.zeros_like(real)
     for i, r in enumerate(prompts.requests):
         mask[i, len(r) - 1 : len(seqs[i]) - 1] = True
-    states = torch.cat([engine.prefill_shared(prefix.cache(len(tokens[i : i + batch])),
-                                              tokens[i : i + batch])
-                        for i in range(0, len(tokens), batch)])
-    return LowerStates(states, tokens, mask)
+    lengths = real.sum(1)
+    states = torch.zeros(*tokens.shape, engine.cfg.hidden_size)
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    for start in range(0, len(order), batch):
+        pick = torch.tensor(order[start : start + batch])
+        t = int(lengths[pick].max())
+        states[pick, :t] = engine.prefill_shared(prefix.cache(len(pick)), tokens[pick, :t])
+    return LowerStates(states, tokens, mask, lengths)
 
 
 def _upper(engine: DecoderOnlyEngine, prefix: PrefixCache, states: torch.Tensor,
@@ -124,19 +137,62 @@ def _upper(engine: DecoderOnlyEngine, prefix: PrefixCache, states: torch.Tensor,
                                   positions)
 
 
+def _label_logits(engine: DecoderOnlyEngine, prefix: PrefixCache, lower: LowerStates,
+                  pick: torch.Tensor, adapter: str | None) -> tuple[torch.Tensor, ...]:
+    """Logits at the label positions of samples `pick` (layers k+1.. from the cached states),
+    their target ids and the loss mask of the batch [B, T-1]."""
+    states, tokens, mask = lower.batch(pick)
+    h = _upper(engine, prefix, states, adapter)
+    logits = engine.hf.lm_head(engine.hf.model.norm(h[:, :-1][mask[:, :-1]]))
+    return logits, tokens[:, 1:][mask[:, :-1]], mask[:, :-1]
+
+
 def upper_label_loss(engine: DecoderOnlyEngine, prefix: PrefixCache, lower: LowerStates,
                      pick: torch.Tensor, adapter: str | None) -> torch.Tensor:
     """Cross-entropy (nats) of the label tokens, running layers k+1.. from the cached states."""
-    tokens, mask = lower.tokens[pick], lower.loss_mask[pick]
-    h = _upper(engine, prefix, lower.states[pick], adapter)
-    logits = engine.hf.lm_head(engine.hf.model.norm(h[:, :-1][mask[:, :-1]]))
-    return F.cross_entropy(logits, tokens[:, 1:][mask[:, :-1]])
+    logits, targets, _ = _label_logits(engine, prefix, lower, pick, adapter)
+    return F.cross_entropy(logits, targets)
+
+
+@torch.no_grad()
+def label_hits(engine: DecoderOnlyEngine, prefix: PrefixCache, lower: LowerStates,
+               adapter: str | None, batch: int = 32) -> torch.Tensor:
+    """Per sample [N] bool: every label token, the closing newline included, is the argmax
+    after the ones before it (teacher forced): greedy decoding writes exactly the label. One
+    pass of layers k+1.. per sample, no decode loop (the validation accuracy)."""
+    out = []
+    for start in range(0, len(lower.tokens), batch):
+        pick = torch.arange(start, min(start + batch, len(lower.tokens)))
+        logits, targets, mask = _label_logits(engine, prefix, lower, pick, adapter)
+        right = torch.ones(mask.shape, dtype=torch.bool)
+        right[mask] = logits.argmax(-1) == targets
+        out.append(right.all(1))
+    return torch.cat(out)
+
+
+@dataclass(frozen=True)
+class Validation:
+    """Check the label accuracy on `lower` every `every` steps (and before the first), keep the
+    best state, stop after `patience` checks without a gain (0: never stop early)."""
+
+    lower: LowerStates
+    every: int
+    patience: int = 0
+
+
+def _sample_order(num: int, batch: int, steps: int, gen: torch.Generator) -> torch.Tensor:
+    """Sample indices of every step [steps, batch]: a fresh seeded permutation per epoch."""
+    need = -(-steps * batch // num)
+    return torch.cat([torch.randperm(num, generator=gen) for _ in range(need)])[
+        : steps * batch].view(steps, batch)
 
 
 def train_l0(engine: DecoderOnlyEngine, spec: LoraSpec, prefix: PrefixCache, lower: LowerStates,
-             *, steps: int, batch: int, lr: float, seed: int) -> tuple[LoraWeights, list[float]]:
+             *, steps: int, batch: int, lr: float, seed: int, val: Validation | None = None
+             ) -> tuple[LoraWeights, list[float], list[tuple[int, float]]]:
     """A fresh LoRA (seeded) trained on the label loss with AdamW and a one-cycle schedule; the
-    engine's registry is left as it was."""
+    engine's registry is left as it was. Returns the weights (with `val`: the checked state of
+    best validation accuracy), the loss per step and the validation curve [(step, accuracy)]."""
     model = engine.hf
     apply_lora(model, spec, max_loras=engine.registry.max_loras,
                max_lora_rank=engine.registry.max_lora_rank)
@@ -149,18 +205,26 @@ def train_l0(engine: DecoderOnlyEngine, spec: LoraSpec, prefix: PrefixCache, low
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
-    order = torch.randperm(len(lower.tokens), generator=gen)
-    losses = []
+    order = _sample_order(len(lower.tokens), batch, steps, gen)
+    losses, curve, best = [], [], None
     try:
-        for step in range(steps):
-            pick = order[(torch.arange(batch) + step * batch) % len(order)]
-            loss = upper_label_loss(engine, prefix, lower, pick, TRAIN_SLOT_NAME)
+        for step in range(steps + 1):
+            if val is not None and (step % val.every == 0 or step == steps):
+                acc = float(label_hits(engine, prefix, val.lower, TRAIN_SLOT_NAME).float().mean())
+                curve.append((step, acc))
+                if best is None or acc > best[0]:
+                    best = (acc, len(curve), extract_slot(model, spec, slot))
+                elif val.patience and len(curve) - best[1] >= val.patience:
+                    break
+            if step == steps:
+                break
+            loss = upper_label_loss(engine, prefix, lower, order[step], TRAIN_SLOT_NAME)
             opt.zero_grad()
             loss.backward()
             opt.step()
             sched.step()
             losses.append(loss.item())
-        return extract_slot(model, spec, slot), losses
+        return (best[2] if best else extract_slot(model, spec, slot)), losses, curve
     finally:
         for p in params:
             p.requires_grad_(False)

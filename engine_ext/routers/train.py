@@ -26,8 +26,9 @@ from engine_ext.data import default_text_dir
 from engine_ext.routers import train_mol2 as tm
 from engine_ext.routers.contextual_start import add_contextual_options
 from engine_ext.routers.measure import hardware
+from engine_ext.routers.run_l0 import add_l0_options
 from engine_ext.routers.settings import load_settings
-from engine_ext.routers.states import MODEL_NAME, ROUTE_LAYER
+from engine_ext.routers.states import ROUTE_LAYER
 from sim.strategies.router_card import RegimeResult, RouterCard, load_router_card, write_router_card
 
 ROUTERS = ("mol2", "mol2_regimes", "mol2_ced", "contextual_ced", "contextual_smollm2", "l0")
@@ -237,17 +238,7 @@ def run_contextual(args, sets, backbone, card_name: str, router_key: str,
 def run_l0(args, sets, engine, tokenizer) -> None:
     from engine_ext.routers import run_l0 as r
 
-    found = [r.l0_setting(engine, tokenizer, sets[n], args.seeds, CACHE_DIR / "l0")
-             for n in args.settings]
-    rows, num_params = [row for row, _ in found], found[0][1]
-    spec = r.l0_spec(len(engine.layers))
-    _card("l0-smollm2", "mol_l0", MODEL_NAME, min(spec.layers), num_params, args,
-          rows, f"LoRA rank {spec.rank} on every linear of layers {spec.layers[0]}-"
-          f"{spec.layers[-1]}, on the request and label positions after the option list's "
-          f"cached base-model prefix; AdamW lr {r.LR} one-cycle, {r.STEPS} steps of {r.BATCH} "
-          f"on a seeded subsample of at most {r.MAX_TRAIN} samples; test on at most "
-          f"{r.MAX_TEST}",
-          [sets[n] for n in args.settings])
+    r.run_card(args, sets, engine, tokenizer, _card, CACHE_DIR / "l0")
 
 
 def ced_backbone_trained():
@@ -337,8 +328,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--feature-poolings", nargs="+", choices=("mean", "last", "max"),
                         default=["mean"], help="with --feature-layers: the poolings")
     add_contextual_options(parser)
+    add_l0_options(parser)
     parser.add_argument("--untimed", action="store_true",
-                        help="MoL2, Contextual MoL over a feature set: do not time "
+                        help="MoL2, L0, Contextual MoL over a feature set: do not time "
                              "decisions (a loaded machine); the card's "
                              "decision times stay pending")
     parser.add_argument("--keep-timings", action="store_true",

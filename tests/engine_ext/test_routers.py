@@ -95,9 +95,11 @@ def test_l0_trains_on_label_tokens_and_cached_decode_equals_plain_decode(smollm2
     for i, target in enumerate(prompts.targets):  # the loss covers exactly the label tokens
         assert lower.tokens[i, 1:][lower.loss_mask[i, :-1]].tolist() == target
     slots_before = dict(engine.registry.slots)
-    weights, losses = l0.train_l0(engine, l0_spec(30), prefix, lower, steps=6, batch=4, lr=5e-3,
-                                  seed=0)
+    val = l0.Validation(lower, every=3)
+    weights, losses, curve = l0.train_l0(engine, l0_spec(30), prefix, lower, steps=6, batch=4,
+                                         lr=5e-3, seed=0, val=val)
     assert engine.registry.slots == slots_before and losses[-1] < losses[0]
+    assert [step for step, _ in curve] == [0, 3, 6]
     engine.add_adapter("l0_test", weights)
     try:
         stop = turn_ids(tok, "\n")[-1]
@@ -109,5 +111,12 @@ def test_l0_trains_on_label_tokens_and_cached_decode_equals_plain_decode(smollm2
         label = engine.forward(cache, torch.tensor([prompts.targets[0]]), "l0_test")[0]
         torch.testing.assert_close(torch.cat([logits, label]), forced, rtol=1e-4, atol=1e-4)
         assert cached == plain and cached
+        # the validation accuracy (teacher forced) is the greedy decode's exact-label hit
+        lowers = l0.request_lowers(engine, prefix, prompts)
+        decoded = [tok.decode(l0.decode_label(engine, prefix, r, "l0_test", stop)).strip()
+                   == names[y] for r, y in zip(lowers, domains.train.labels[:4], strict=True)]
+        assert l0.label_hits(engine, prefix, lower, "l0_test").tolist() == decoded
+        # kept: the checked state of best validation accuracy
+        assert max(acc for _, acc in curve) == sum(decoded) / 4
     finally:
         engine.registry.remove("l0_test")
