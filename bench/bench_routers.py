@@ -111,7 +111,7 @@ def regime_table(rows: list[dict]) -> str:
 
 SUMMARY_SETTINGS = ("domains4", "clinc_domains10", "banking77", "clinc_intents150")
 SAMPLE_TEXT = {"heads": "30 rows per class (domains4 100)",
-               "contextual": "Contextual MoL's subsample", "l0": "L0's subsample",
+               "contextual": "Contextual MoL's subsample", "l0": "L0's training rows",
                "full": "whole training split"}
 
 

@@ -115,14 +115,15 @@ def probe_backbone(backbone, routing_set: RoutingSet) -> BaselineResult:
 
 
 def per_query_samples(small: RoutingSet) -> dict[str, RoutingSplit]:
-    """The training subsamples Contextual MoL and L0 train on (from the default split)."""
+    """The training rows Contextual MoL and L0 train on (from the default split): Contextual
+    MoL's subsample, L0's rows (`run_l0.train_rows`)."""
     from engine_ext.routers.run_contextual import MAX_QUERIES, MAX_QUERIES_MANY
-    from engine_ext.routers.run_l0 import MAX_TRAIN
+    from engine_ext.routers.run_l0 import train_rows
     from engine_ext.routers.settings import subsample
 
     cap = MAX_QUERIES_MANY if len(small.options) > 10 else MAX_QUERIES
-    return {name: RoutingSplit(*subsample(small.train, num))
-            for name, num in (("contextual", cap["train"]), ("l0", MAX_TRAIN))}
+    return {"contextual": RoutingSplit(*subsample(small.train, cap["train"])),
+            "l0": train_rows(small)}
 
 
 def run_all(sets: dict[str, RoutingSet], small_sets: dict[str, RoutingSet],
@@ -144,13 +145,21 @@ def run_all(sets: dict[str, RoutingSet], small_sets: dict[str, RoutingSet],
 
 
 def write_results(rows: list[BaselineResult], sets: dict[str, RoutingSet], path: Path,
-                  command: str) -> Path:
-    """The rows as JSON (what bench/bench_routers.py adds to the router table)."""
+                  command: str, merge: bool = False) -> Path:
+    """The rows as JSON (what bench/bench_routers.py adds to the router table); with `merge`,
+    they replace the rows of the same method, setting and sample in the file (the others stay,
+    the command is added to its commands)."""
     sources = sorted({s for r in sets.values() for s in r.sources})
+    new = [asdict(r) for r in rows]
+    if merge and path.exists():
+        old = json.loads(path.read_text())
+        keys = {(r["method"], r["setting"], r["sample"]) for r in new}
+        new = [r for r in old["rows"] if (r["method"], r["setting"], r["sample"]) not in keys] + new
+        command = "; ".join(dict.fromkeys([*old["command"].split("; "), command]))
+        sources = sorted({*old["data_sources"], *sources})
     doc = {"command": command, "data_sources": sources,
            "deterministic": "one fit per setting (lbfgs from zeros): no seed spread",
-           "tfidf_c": TFIDF_C, "probe_c": PROBE_C,
-           "rows": [asdict(r) for r in rows]}
+           "tfidf_c": TFIDF_C, "probe_c": PROBE_C, "rows": new}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return path
@@ -164,6 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--text-dir", type=Path, default=None)
     parser.add_argument("--settings", nargs="+", default=None,
                         help="only these settings (default: all four)")
+    parser.add_argument("--merge", action="store_true",
+                        help="replace only this run's rows in --out (the others stay)")
     args = parser.parse_args(argv)
     import torch
 
@@ -188,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     command = "python -m engine_ext.routers.baselines " + shlex.join(
         sys.argv[1:] if argv is None else argv)
     rows = run_all(sets, small_sets, full_sets, backbones)
-    print(f"wrote {write_results(rows, sets, args.out, command)}")
+    print(f"wrote {write_results(rows, sets, args.out, command, args.merge)}")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,13 @@ FEATURE_TIMING = ("--time-only", *FEATURE_SET)
 """Times every row of the card from its saved seed-0 head (on a quiet machine)."""
 
 
+L0_EPOCHS = ("--l0-epochs", "6", "--l0-patience", "2", "--untimed")
+"""L0 on domains4 and clinc_domains10 (run_l0.WHOLE_SPLIT_SETTINGS): their whole default
+training splits (400; 1,500, 10 per intent), at most 6 epochs, each seed keeping its state of
+best validation accuracy, stopped after 2 checks without a gain; decision times pending (`python
+-m engine_ext.routers.run_l0 --time-card CARD --settings ...` on a quiet machine)."""
+
+
 CONTEXTUAL_FEATURES = ("--train-per-class", "1000000", "--untimed", *FEATURE_SET)
 """Contextual MoL over the same feature set (card contextual-smollm2-l8-x6-mean-max): options
 read in the query's context at layer 8, the whole training splits, length and weight decay
@@ -123,7 +130,7 @@ CHAINS: tuple[tuple[tuple[str, ...], ...], ...] = (
        for s, how in FEATURE_STARTS.items()),
      _train("mol2", *SETTINGS, extra=FEATURE_TIMING)),
     (_train("l0", "clinc_intents150"),), (_train("l0", "banking77"),),
-    (_train("l0", "domains4", "clinc_domains10"),),
+    (_train("l0", "domains4", "clinc_domains10", extra=L0_EPOCHS),),
     (_train("contextual_smollm2", "clinc_intents150"),),
     (_train("contextual_smollm2", "banking77"),),
     (_train("contextual_smollm2", "domains4", "clinc_domains10"),),

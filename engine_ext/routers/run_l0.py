@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine_ext.peft_io import save_peft_adapter
-from engine_ext.routers.datasets import RoutingSet
+from engine_ext.routers.datasets import RoutingSet, RoutingSplit
 from engine_ext.routers.l0 import (
     Validation,
     l0_accuracy,
@@ -31,6 +31,9 @@ STEPS, BATCH, LR = 30, 8, 3e-3
 MAX_TRAIN, MAX_TEST = STEPS * BATCH, 60
 """Training and test samples per setting: a seeded subsample of the split beyond these."""
 EVAL_NAME = "l0"
+WHOLE_SPLIT_SETTINGS = ("domains4", "clinc_domains10")
+"""The settings rebuild trains with the validated recipe (`--l0-epochs`, rebuild.L0_EPOCHS) on
+their whole default training split; the others keep the fixed recipe's subsample."""
 
 
 @dataclass(frozen=True)
@@ -54,10 +57,19 @@ def l0_spec(num_hidden_layers: int):
     return top_layers_spec(num_hidden_layers, NUM_LAYERS, RANK, BASE_MODEL)
 
 
-def _samples(routing_set: RoutingSet, recipe: Recipe | None):
-    """Training and test (texts, labels): the seeded subsamples of the fixed recipe, or the
-    whole splits."""
-    if recipe is not None:
+def train_rows(routing_set: RoutingSet) -> RoutingSplit:
+    """The training rows of the shipped card's row of a setting (default split): the whole
+    split for WHOLE_SPLIT_SETTINGS, else the fixed recipe's subsample (the TF-IDF baseline's
+    "L0's rows")."""
+    if routing_set.name in WHOLE_SPLIT_SETTINGS:
+        return routing_set.train
+    return RoutingSplit(*subsample(routing_set.train, MAX_TRAIN))
+
+
+def _samples(routing_set: RoutingSet, whole: bool):
+    """Training and test (texts, labels): the whole splits (the validated recipe), or the
+    seeded subsamples of the fixed recipe."""
+    if whole:
         return ((routing_set.train.texts, routing_set.train.labels),
                 (routing_set.test.texts, routing_set.test.labels))
     return subsample(routing_set.train, MAX_TRAIN), subsample(routing_set.test, MAX_TEST)
@@ -80,7 +92,8 @@ def l0_setting(engine, tokenizer, routing_set: RoutingSet, seeds: list[int],
     0's (unless not `is_timed`). Returns the card row, the LoRA's parameter count and per seed
     its training curve (loss per epoch, validation accuracy per check, the chosen step)."""
     names = short_names(routing_set)
-    (train_texts, train_labels), (test_texts, test_labels) = _samples(routing_set, recipe)
+    (train_texts, train_labels), (test_texts, test_labels) = _samples(routing_set,
+                                                                      recipe is not None)
     train_prompts = route_prompts(tokenizer, names, train_texts, train_labels)
     test_prompts = route_prompts(tokenizer, names, test_texts, test_labels)
     start = time.perf_counter()
@@ -232,3 +245,84 @@ def kept_hardware(args, card_path: Path):
     args = copy(args)
     args.hardware = card.hardware
     return args
+
+
+TIMED_LATER = ("; decision times measured on the seed-0 adapter by python -m "
+               "engine_ext.routers.run_l0 --time-card CARD --settings ... (the card's hardware)")
+"""The card's `command` keeps the training commands (what rebuild reruns); the timing run is
+named here."""
+
+
+def seed0_adapter(engine, tokenizer, routing_set: RoutingSet, adapters_dir: Path, training: str):
+    """The saved seed-0 L0 of a setting; a fixed-recipe row's is retrained when missing (30
+    seeded steps, the same adapter), a validated row's must be there."""
+    from engine_ext.peft_io import load_peft_adapter
+
+    path = adapters_dir / f"l0_{routing_set.name}"
+    if path.exists():
+        return load_peft_adapter(path, engine.hf, max_lora_rank=RANK)
+    if "--l0-epochs" in training or routing_set.name in WHOLE_SPLIT_SETTINGS:
+        raise SystemExit(f"{path}: no saved seed-0 adapter (train the setting first)")
+    names = short_names(routing_set)
+    prompts = route_prompts(tokenizer, names, *_samples(routing_set, False)[0])
+    prefix = prefix_cache(engine, prompts.prefix)
+    lower = lower_states(engine, prefix, prompts)
+    return _train_seed(engine, l0_spec(len(engine.layers)), prefix, lower, None, None, 0)[0]
+
+
+def time_card(card_path: Path, settings: list[str], adapters_dir: Path) -> None:
+    """Time the decisions of `settings` (every timed row of the card: one machine) from their
+    seed-0 adapters, on this machine, now; the accuracies stay."""
+    from engine_ext.data import default_text_dir
+    from engine_ext.routers.measure import hardware
+    from engine_ext.routers.settings import load_settings
+    from engine_ext.routers.states import load_route_engine
+    from sim.strategies.router_card import load_router_card, write_router_card
+
+    card = load_router_card(card_path)
+    left = [r.setting for r in card.settings if r.setting not in settings and r.decision]
+    if left:
+        raise SystemExit(f"{card_path}: {left} keep times of another machine: time them too")
+    engine, tokenizer = load_route_engine()
+    sets = load_settings(default_text_dir())
+    rows = {}
+    for row in card.settings:
+        if row.setting not in settings:
+            continue
+        routing_set = sets[row.setting]
+        weights = seed0_adapter(engine, tokenizer, routing_set, adapters_dir, card.training)
+        names = short_names(routing_set)
+        test = route_prompts(tokenizer, names, *_samples(
+            routing_set, row.setting in WHOLE_SPLIT_SETTINGS)[1])
+        engine.add_adapter(EVAL_NAME, weights)
+        try:
+            decision = time_setting(engine, tokenizer, prefix_cache(engine, test.prefix), test)
+        finally:
+            engine.registry.remove(EVAL_NAME)
+        rows[row.setting] = row.model_copy(update={"decision": decision})
+        print(f"timed {row.setting}: p50 {decision.p50_ms:.1f} ms", flush=True)
+    write_router_card(card.model_copy(update={
+        "settings": tuple(rows.get(r.setting, r) for r in card.settings),
+        "hardware": hardware(), "training": card.training.replace(UNTIMED, TIMED_LATER)}),
+        card_path)
+    print(f"wrote {card_path}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    import torch
+
+    parser = argparse.ArgumentParser(description="Time a card's L0 decisions (a quiet machine)")
+    parser.add_argument("--time-card", type=Path, required=True)
+    parser.add_argument("--settings", nargs="+", required=True)
+    parser.add_argument("--adapters", type=Path, default=Path(".cache/engine_ext/routers/l0"),
+                        help="the seed-0 adapters train saved (train.CACHE_DIR / 'l0')")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    time_card(args.time_card, args.settings, args.adapters)
+
+
+if __name__ == "__main__":
+    main()

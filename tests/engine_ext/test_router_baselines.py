@@ -73,3 +73,26 @@ def test_mol2_retrained_with_kept_timings_keeps_the_measured_decision_times(tmp_
     kept, _, _ = mol2_setting(backbone, domains, [1], tmp_path / "heads", (3,), timed=measured)
     assert kept.decision == measured.decision and kept.standalone == measured.standalone
     assert kept.num_test == 16 and kept.train_seconds_mean != measured.train_seconds_mean
+
+
+def test_l0_rows_follow_the_card_and_a_merged_run_replaces_only_its_rows(tmp_path):
+    import json
+
+    from engine_ext.routers.baselines import per_query_samples, write_results
+    from engine_ext.routers.run_l0 import MAX_TRAIN
+
+    domains10, intents150 = clinc_sets(REPO_TEXT_DIR, {"train": None, "val": None, "test": None})
+    assert len(domains10.train) > MAX_TRAIN
+    # the validated L0 rows train on the whole split, the fixed ones on a 240-row subsample
+    assert per_query_samples(domains10)["l0"] == domains10.train
+    assert len(per_query_samples(intents150)["l0"]) == MAX_TRAIN
+    path = tmp_path / "baselines.json"
+    rows = [tfidf_baseline(domains10), tfidf_baseline(intents150)]
+    write_results(rows, {"a": domains10}, path, "first")
+    again = tfidf_baseline(domains10, RoutingSplit(domains10.train.texts[:50],
+                                                   domains10.train.labels[:50]))
+    write_results([again], {"a": domains10}, path, "second", merge=True)
+    doc = json.loads(path.read_text())
+    assert doc["command"] == "first; second"
+    assert [(r["setting"], r["num_train"]) for r in doc["rows"]] == [
+        ("clinc_intents150", len(intents150.train)), ("clinc_domains10", 50)]

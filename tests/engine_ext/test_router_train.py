@@ -83,3 +83,17 @@ def test_a_retrained_setting_drops_the_commands_that_made_only_its_old_rows():
     # the domains4 + banking77 timing still timed a row that remains (domains4's): kept
     assert merged.command == ("t --settings domains4 banking77 --time-only; "
                               "t --settings domains4; t --settings banking77 --y 2")
+
+
+def test_l0_time_card_refuses_to_leave_rows_timed_on_another_machine(tmp_path):
+    import pytest
+
+    from engine_ext.routers import run_l0
+
+    card = tmp_path / "l0.json"
+    shipped = Path(__file__).resolve().parents[2] / "scenarios" / "router_cards" / "l0-smollm2.json"
+    card.write_text(shipped.read_text())
+    timed = [r.setting for r in load_router_card(card).settings if r.decision is not None]
+    assert timed  # the card's hardware is one machine: every timed row is timed again together
+    with pytest.raises(SystemExit, match=timed[0]):
+        run_l0.time_card(card, ["not_a_setting"], tmp_path / "adapters")
