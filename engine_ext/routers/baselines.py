@@ -147,14 +147,15 @@ def run_all(sets: dict[str, RoutingSet], small_sets: dict[str, RoutingSet],
 def write_results(rows: list[BaselineResult], sets: dict[str, RoutingSet], path: Path,
                   command: str, merge: bool = False) -> Path:
     """The rows as JSON (what bench/bench_routers.py adds to the router table); with `merge`,
-    they replace the rows of the same method, setting and sample in the file (the others stay,
-    the command is added to its commands)."""
+    they replace the rows of the same method, setting and sample in the file, in place (the
+    others stay, the command is added to its commands)."""
     sources = sorted({s for r in sets.values() for s in r.sources})
     new = [asdict(r) for r in rows]
     if merge and path.exists():
         old = json.loads(path.read_text())
-        keys = {(r["method"], r["setting"], r["sample"]) for r in new}
-        new = [r for r in old["rows"] if (r["method"], r["setting"], r["sample"]) not in keys] + new
+        found = {(r["method"], r["setting"], r["sample"]): r for r in new}
+        rows = {(r["method"], r["setting"], r["sample"]): r for r in old["rows"]} | found
+        new = list(rows.values())  # in the file's order, new keys last
         command = "; ".join(dict.fromkeys([*old["command"].split("; "), command]))
         sources = sorted({*old["data_sources"], *sources})
     doc = {"command": command, "data_sources": sources,

@@ -95,4 +95,4 @@ def test_l0_rows_follow_the_card_and_a_merged_run_replaces_only_its_rows(tmp_pat
     doc = json.loads(path.read_text())
     assert doc["command"] == "first; second"
     assert [(r["setting"], r["num_train"]) for r in doc["rows"]] == [
-        ("clinc_intents150", len(intents150.train)), ("clinc_domains10", 50)]
+        ("clinc_domains10", 50), ("clinc_intents150", len(intents150.train))]
