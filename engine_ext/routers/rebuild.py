@@ -98,8 +98,8 @@ best validation accuracy, stopped after 2 checks without a gain; decision times 
 CONTEXTUAL_FEATURES = ("--train-per-class", "1000000", "--untimed", *FEATURE_SET)
 """Contextual MoL over the same feature set (card contextual-smollm2-l8-x6-mean-max): options
 read in the query's context at layer 8, the whole training splits, length and weight decay
-chosen on a validation carve; decision times pending (`python -m
-engine_ext.routers.contextual_timing --time-card CARD` on a quiet machine)."""
+chosen on a validation carve; trained untimed, timed afterwards on a quiet machine (`python -m
+engine_ext.routers.contextual_timing --time-card CARD --shape-only`)."""
 
 
 CONTEXTUAL_SPLIT = ("--contextual-validation", "split", "--contextual-start-l2", "0.01", "0.03",
@@ -113,6 +113,8 @@ and the chosen head 97.0% on test (docs/routers.md)."""
 CONTEXTUAL_VAL = {"clinc_domains10": ("--val-per-class", "1000000"),
                   "banking77": ("--val-per-class", "10"),
                   "clinc_intents150": ("--val-per-class", "1000000")}
+CONTEXTUAL_THREADS = {"clinc_intents150": ("--threads", "2")}
+"""The 150 intents' option pass (306 option tokens per query, 15,750 queries) uses both cores."""
 
 
 def _train(router: str, *settings: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -137,7 +139,8 @@ CHAINS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (_train("contextual_smollm2", "domains4", "clinc_domains10"),),
     (_train("contextual_smollm2", "domains4", extra=CONTEXTUAL_FEATURES),
      *(_train("contextual_smollm2", s, extra=(*CONTEXTUAL_FEATURES[:2], *v,
-                                             *CONTEXTUAL_FEATURES[2:], *CONTEXTUAL_SPLIT))
+                                             *CONTEXTUAL_FEATURES[2:], *CONTEXTUAL_SPLIT,
+                                             *CONTEXTUAL_THREADS.get(s, ())))
        for s, v in CONTEXTUAL_VAL.items())),
     *((_train("mol2_ced", s),) for s in SETTINGS),
     *((_train("contextual_ced", s),) for s in SETTINGS),
