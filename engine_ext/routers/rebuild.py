@@ -148,9 +148,9 @@ CHAINS: tuple[tuple[tuple[str, ...], ...], ...] = (
 """The arguments of each training process. A chain's processes run one after the other (the
 MoL2 card: every setting on the default rows, then the larger settings again on 30 rows per
 class, then the mixed-vs-staged table); chains run `--jobs`
-at a time, in this order (the slowest first: Contextual MoL's whole-split option passes, 150
-intents then BANKING77, took about 30 and 26 min of a quick rebuild here; run one after the
-other in one chain they made it about 90 min, side by side about an hour)."""
+at a time, in this order (the slowest first: in a quick rebuild here Contextual MoL's
+whole-split run on the 150 intents took 76 of the 81 min wall, BANKING77's 31 min beside it;
+docs/routers.md has the measurement)."""
 
 TRAIN_MODULE = "engine_ext.routers.train"
 
