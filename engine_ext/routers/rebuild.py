@@ -147,8 +147,9 @@ MoL2 card: every setting on the default rows, then the larger settings again on 
 class, then the mixed-vs-staged table); chains run `--jobs`
 at a time, in this order (the slowest first: Contextual MoL's whole-split run on the 150
 intents, 18,750 passes over 306 option tokens). Each process keeps train's one torch thread:
-with a second thread for that run, three threads on two cores made its pass 2.4x slower than
-alone instead of 1.5x, and the quick rebuild took 81 min (docs/routers.md)."""
+with a second thread for that run, three threads on two cores slowed its pass (97 s per 500
+queries against 75 s with one) and the quick rebuild took 81 min instead of 65
+(docs/routers.md)."""
 
 TRAIN_MODULE = "engine_ext.routers.train"
 

@@ -45,7 +45,9 @@ def test_a_run_of_some_settings_keeps_the_cards_other_rows_and_says_how_each_tra
 
 
 def _recipe(command: str) -> str:
-    """A recorded command without --threads N: how many cores a run used, not what it trained."""
+    """A recorded command without --threads N: how many cores a run used, not what it trained
+    (the thread count moves float rounding only: the 150 intents' card, trained with two
+    threads, came out one test query apart in a one-thread rebuild, docs/routers.md)."""
     words = command.split(" ")
     if "--threads" in words:
         at = words.index("--threads")
