@@ -147,8 +147,7 @@ MoL2 card: every setting on the default rows, then the larger settings again on 
 class, then the mixed-vs-staged table); chains run `--jobs`
 at a time, in this order (the slowest first: Contextual MoL's whole-split run on the 150
 intents, 18,750 passes over 306 option tokens). Each process keeps train's one torch thread:
-with a second thread for that run, three threads on two cores slowed its pass (97 s per 500
-queries against 75 s with one) and the quick rebuild took 81 min instead of 65
+a second one, beside another job, oversubscribes two cores and slowed the rebuild
 (docs/routers.md)."""
 
 TRAIN_MODULE = "engine_ext.routers.train"
